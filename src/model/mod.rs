@@ -1,0 +1,7 @@
+//! The model: config from GGUF metadata, tokenizer, chat template, and the CPU reference
+//! forward pass (the tests' oracle).
+
+pub mod chat;
+pub mod config;
+pub mod reference;
+pub mod tokenizer;
