@@ -6,6 +6,8 @@
 //! CPU reference forward pass that the tests use as an oracle.
 
 pub mod gguf;
+pub mod gpu;
+pub mod kernels;
 pub mod model;
 pub mod paths;
 pub mod sampling;

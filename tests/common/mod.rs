@@ -21,3 +21,38 @@ pub fn model_path() -> Option<PathBuf> {
     eprintln!("skipping: {}", flashlm::paths::how_to_get_model());
     None
 }
+
+/// A GPU context on the default adapter, or `None` (with a note) when there is none outside CI.
+/// Under CI a missing adapter fails the test.
+pub fn gpu() -> Option<flashlm::gpu::GpuContext> {
+    match flashlm::gpu::GpuContext::new(&Default::default()) {
+        Ok(ctx) => Some(ctx),
+        Err(e) => {
+            if in_ci() {
+                panic!("CI=true but no GPU adapter: {e}");
+            }
+            eprintln!("skipping: no GPU adapter: {e}");
+            None
+        }
+    }
+}
+
+/// A small deterministic generator for test data.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [-1, 1).
+    pub fn f32(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+    pub fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.f32() * scale).collect()
+    }
+}

@@ -1,0 +1,105 @@
+// Causal grouped-query attention over the KV cache. One workgroup per (head, token): the query
+// token t sits at position pos0 + t and sees keys [0, pos0 + t]. Keys are walked in chunks of WG
+// with an online softmax (running max and sum), so no score buffer is needed.
+// Defines: DPT = ceil(head_dim / WG) output dims per thread.
+
+struct Params {
+    n_heads: u32,
+    n_kv_heads: u32,
+    head_dim: u32,
+    q_stride: u32,
+    kv_stride: u32,
+    o_stride: u32,
+    scale: f32,
+    n_tokens: u32,
+}
+
+struct Step {
+    n_tokens: u32,
+    pos0: u32,
+    _pad0: u32,
+    _pad1: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<uniform> step: Step;
+@group(0) @binding(2) var<storage, read> q: array<f32>;
+@group(0) @binding(3) var<storage, read> kc: array<f32>;
+@group(0) @binding(4) var<storage, read> vc: array<f32>;
+@group(0) @binding(5) var<storage, read_write> o: array<f32>;
+
+const WG: u32 = 64u;
+var<workgroup> qs: array<f32, DPT * WG>;
+var<workgroup> sc: array<f32, WG>;
+
+@compute @workgroup_size(WG)
+fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let n_tok = select(step.n_tokens, p.n_tokens, p.n_tokens != 0u);
+    let h = wid.x;
+    let t = wid.y;
+    if (t >= n_tok) {
+        return;
+    }
+    let hd = p.head_dim;
+    let kvh = h / (p.n_heads / p.n_kv_heads);
+    let n_keys = step.pos0 + t + 1u;
+    for (var d = lid; d < hd; d += WG) {
+        qs[d] = q[t * p.q_stride + h * hd + d];
+    }
+    workgroupBarrier();
+    var m = -1.0e30;
+    var l = 0.0;
+    var acc: array<f32, DPT>;
+    let kvb = kvh * hd;
+    for (var c0 = 0u; c0 < n_keys; c0 += WG) {
+        let j = c0 + lid;
+        var s = -1.0e30;
+        if (j < n_keys) {
+            var dotv = 0.0;
+            let kb = j * p.kv_stride + kvb;
+            for (var d = 0u; d < hd; d++) {
+                dotv += qs[d] * kc[kb + d];
+            }
+            s = dotv * p.scale;
+        }
+        sc[lid] = s;
+        workgroupBarrier();
+        var cmax = -1.0e30;
+        for (var jj = 0u; jj < WG; jj++) {
+            cmax = max(cmax, sc[jj]);
+        }
+        workgroupBarrier();
+        let m_new = max(m, cmax);
+        let alpha = exp(m - m_new);
+        var pj = 0.0;
+        if (j < n_keys) {
+            pj = exp(s - m_new);
+        }
+        sc[lid] = pj;
+        workgroupBarrier();
+        l *= alpha;
+        for (var k = 0u; k < DPT; k++) {
+            acc[k] *= alpha;
+        }
+        let cnt = min(WG, n_keys - c0);
+        for (var jj = 0u; jj < cnt; jj++) {
+            let pv = sc[jj];
+            l += pv;
+            let vb = (c0 + jj) * p.kv_stride + kvb;
+            for (var k = 0u; k < DPT; k++) {
+                let d = lid + k * WG;
+                if (d < hd) {
+                    acc[k] += pv * vc[vb + d];
+                }
+            }
+        }
+        m = m_new;
+        workgroupBarrier();
+    }
+    for (var k = 0u; k < DPT; k++) {
+        let d = lid + k * WG;
+        if (d < hd) {
+            o[t * p.o_stride + h * hd + d] = acc[k] / l;
+        }
+    }
+}

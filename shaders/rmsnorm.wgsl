@@ -1,0 +1,56 @@
+// RMSNorm: Y[t, i] = X[t, i] / sqrt(mean_i(X[t, i]^2) + eps) * W[i]. One workgroup per token.
+
+struct Params {
+    n: u32,
+    x_stride: u32,
+    y_stride: u32,
+    eps: f32,
+    x_offset: u32,
+    n_tokens: u32,
+    _pad0: u32,
+    _pad1: u32,
+}
+
+struct Step {
+    n_tokens: u32,
+    pos0: u32,
+    _pad0: u32,
+    _pad1: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<uniform> step: Step;
+@group(0) @binding(2) var<storage, read> x: array<f32>;
+@group(0) @binding(3) var<storage, read> wt: array<f32>;
+@group(0) @binding(4) var<storage, read_write> y: array<f32>;
+
+const WG: u32 = 64u;
+var<workgroup> red: array<f32, WG>;
+
+@compute @workgroup_size(WG)
+fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let n_tok = select(step.n_tokens, p.n_tokens, p.n_tokens != 0u);
+    let t = wid.x;
+    if (t >= n_tok) {
+        return;
+    }
+    let xb = p.x_offset + t * p.x_stride;
+    var s = 0.0;
+    for (var i = lid; i < p.n; i += WG) {
+        let v = x[xb + i];
+        s += v * v;
+    }
+    red[lid] = s;
+    workgroupBarrier();
+    for (var k = WG / 2u; k > 0u; k >>= 1u) {
+        if (lid < k) {
+            red[lid] += red[lid + k];
+        }
+        workgroupBarrier();
+    }
+    let inv = 1.0 / sqrt(red[0] / f32(p.n) + p.eps);
+    let yb = t * p.y_stride;
+    for (var i = lid; i < p.n; i += WG) {
+        y[yb + i] = x[xb + i] * inv * wt[i];
+    }
+}

@@ -1,0 +1,460 @@
+//! The command line: `run`, `chat`, `info`, `bench`, `--list-adapters`.
+
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::engine::{Engine, EngineOptions, GenStats};
+use crate::gguf::GgufFile;
+use crate::gpu::GpuOptions;
+use crate::model::chat::{ChatMessage, ChatTemplate};
+use crate::model::config::ModelConfig;
+use crate::model::tokenizer::{StreamDecoder, Tokenizer};
+use crate::paths;
+use crate::sampling::{Sampler, SamplerParams};
+
+type CliResult<T> = Result<T, Box<dyn std::error::Error>>;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "flashlm",
+    version,
+    about = "LLM inference with weights on flash, streamed to the GPU through wgpu"
+)]
+pub struct Cli {
+    /// List the GPU adapters and exit.
+    #[arg(long, global = true)]
+    pub list_adapters: bool,
+    /// Backends to use: vulkan, metal, dx12, gl (default: WGPU_BACKEND, else all).
+    #[arg(long, global = true)]
+    pub backend: Option<String>,
+    /// Pick the adapter whose name contains this text (default: WGPU_ADAPTER_NAME, else the best).
+    #[arg(long, global = true)]
+    pub adapter: Option<String>,
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Complete a prompt (raw, no chat template).
+    Run(RunArgs),
+    /// Interactive multi-turn chat with the model's template; Ctrl-D ends it.
+    Chat(ChatArgs),
+    /// Show a model's config, tensors and tokenizer.
+    Info {
+        /// The GGUF file (default: the default model).
+        path: Option<PathBuf>,
+    },
+    /// Benchmarks.
+    Bench(BenchArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ModelArgs {
+    /// GGUF model file (default: $FLASHLM_MODEL, else the cached SmolLM2-135M-Instruct).
+    #[arg(long, short = 'm')]
+    pub model: Option<PathBuf>,
+    /// KV cache length in tokens (default: the model's context, at most 2048).
+    #[arg(long)]
+    pub ctx: Option<usize>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct SampleArgs {
+    /// Temperature; 0 is greedy.
+    #[arg(long, default_value_t = 0.8)]
+    pub temp: f32,
+    /// Keep the K most likely tokens (0: all).
+    #[arg(long, default_value_t = 40)]
+    pub top_k: usize,
+    /// Keep the smallest set of tokens whose probability reaches P.
+    #[arg(long, default_value_t = 0.95)]
+    pub top_p: f32,
+    /// Penalize tokens seen in the last --repeat-last-n tokens (1.0: off).
+    #[arg(long, default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    #[arg(long, default_value_t = 64)]
+    pub repeat_last_n: usize,
+    /// Random seed.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// The prompt text.
+    #[arg(long, short = 'p')]
+    pub prompt: String,
+    /// Tokens to generate.
+    #[arg(short = 'n', long = "n-predict", default_value_t = 64)]
+    pub n: usize,
+    #[command(flatten)]
+    pub sample: SampleArgs,
+    /// Write the run's figures and token ids as JSON.
+    #[arg(long)]
+    pub stats_json: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct ChatArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// System prompt (default: the template's own).
+    #[arg(long)]
+    pub system: Option<String>,
+    /// Most tokens per reply.
+    #[arg(short = 'n', long = "n-predict", default_value_t = 512)]
+    pub n: usize,
+    #[command(flatten)]
+    pub sample: SampleArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    pub which: BenchKind,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum BenchKind {
+    /// Everything resident on the GPU: prefill and decode tok/s, matvec GB/s against a copy.
+    Resident {
+        #[command(flatten)]
+        model: ModelArgs,
+        /// Repetitions (the median is reported).
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// Write the figures as JSON.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
+}
+
+impl SampleArgs {
+    pub fn params(&self) -> SamplerParams {
+        SamplerParams {
+            temperature: self.temp,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            repeat_penalty: self.repeat_penalty,
+            repeat_last_n: self.repeat_last_n,
+            seed: self.seed,
+        }
+    }
+    fn check(&self) -> CliResult<()> {
+        if !self.temp.is_finite() || self.temp < 0.0 {
+            return Err(format!("--temp must be a number >= 0, got {}", self.temp).into());
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(format!("--top-p must be in (0, 1], got {}", self.top_p).into());
+        }
+        if !self.repeat_penalty.is_finite() || self.repeat_penalty <= 0.0 {
+            return Err(format!(
+                "--repeat-penalty must be a number > 0, got {}",
+                self.repeat_penalty
+            )
+            .into());
+        }
+        Ok(())
+    }
+}
+
+/// The model file to use: the flag, else the default (with instructions when it is missing).
+pub fn resolve_model(arg: &Option<PathBuf>) -> CliResult<PathBuf> {
+    match arg {
+        Some(p) => {
+            if !p.is_file() {
+                return Err(format!("model file {} does not exist", p.display()).into());
+            }
+            Ok(p.clone())
+        }
+        None => {
+            let p = paths::default_model_path();
+            if !p.is_file() {
+                return Err(paths::how_to_get_model().into());
+            }
+            Ok(p)
+        }
+    }
+}
+
+/// A loaded model: file, config, tokenizer and template.
+pub struct LoadedModel {
+    pub gguf: Arc<GgufFile>,
+    pub cfg: ModelConfig,
+    pub tokenizer: Tokenizer,
+    pub path: PathBuf,
+}
+
+pub fn load_model(path: &Path) -> CliResult<LoadedModel> {
+    let gguf = GgufFile::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let cfg = ModelConfig::from_gguf(&gguf).map_err(|e| format!("{}: {e}", path.display()))?;
+    let tokenizer = Tokenizer::from_gguf(&gguf).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(LoadedModel {
+        gguf: Arc::new(gguf),
+        cfg,
+        tokenizer,
+        path: path.to_path_buf(),
+    })
+}
+
+fn engine_options(cli: &Cli, m: &ModelArgs) -> EngineOptions {
+    EngineOptions {
+        gpu: GpuOptions {
+            backend: cli.backend.clone(),
+            adapter: cli.adapter.clone(),
+            budget: None,
+        },
+        ctx: m.ctx,
+        ..Default::default()
+    }
+}
+
+pub fn main_with(cli: Cli) -> CliResult<()> {
+    if cli.list_adapters {
+        let list = crate::gpu::list_adapters(&cli.backend)?;
+        if list.is_empty() {
+            println!("no adapters found");
+        }
+        for (i, a) in list.iter().enumerate() {
+            println!(
+                "{i}: {} ({:?}, {:?}, driver {} {})",
+                a.name, a.backend, a.device_type, a.driver, a.driver_info
+            );
+        }
+        return Ok(());
+    }
+    match &cli.command {
+        None => Err("no command given; try `flashlm --help`".into()),
+        Some(Command::Info { path }) => info(&resolve_model(path)?),
+        Some(Command::Run(a)) => run(&cli, a),
+        Some(Command::Chat(a)) => chat(&cli, a),
+        Some(Command::Bench(b)) => match &b.which {
+            BenchKind::Resident { model, runs, json } => {
+                let path = resolve_model(&model.model)?;
+                let m = load_model(&path)?;
+                let report = crate::bench::resident(
+                    m.gguf.clone(),
+                    &engine_options(&cli, model),
+                    &m.tokenizer,
+                    (*runs).max(1),
+                )?;
+                println!("{}", report.to_markdown());
+                if let Some(j) = json {
+                    std::fs::write(j, serde_json::to_string_pretty(&report)?)?;
+                }
+                Ok(())
+            }
+        },
+    }
+}
+
+fn info(path: &Path) -> CliResult<()> {
+    let m = load_model(path)?;
+    let g = &m.gguf;
+    println!("file: {} ({} bytes, GGUF v{})", path.display(), g.file_len, g.version);
+    if let Ok(Some(name)) = g.get_str("general.name") {
+        println!("name: {name}");
+    }
+    println!("{}", m.cfg);
+    let mut by_type: std::collections::BTreeMap<&str, (usize, u64)> = Default::default();
+    for t in &g.tensors {
+        let e = by_type.entry(t.ty.name()).or_default();
+        e.0 += 1;
+        e.1 += t.n_bytes;
+    }
+    println!("tensors: {}", g.tensors.len());
+    for (ty, (n, bytes)) in by_type {
+        println!("  {ty:>5}: {n:4} tensors, {:10.2} MiB", bytes as f64 / 1048576.0);
+    }
+    let tk = &m.tokenizer;
+    println!("tokenizer: {}", tk.describe());
+    let tpl = ChatTemplate::from_gguf(g).is_ok();
+    println!(
+        "chat template: {}",
+        if g.get_str("tokenizer.chat_template").ok().flatten().is_some() {
+            "from the file"
+        } else if tpl {
+            "ChatML (default)"
+        } else {
+            "none"
+        }
+    );
+    Ok(())
+}
+
+fn print_stats(engine: &Engine, stats: &GenStats) {
+    eprintln!();
+    eprintln!(
+        "prefill: {} tokens, {:.1} tok/s | decode: {} tokens, {:.1} tok/s | TTFT {:.0} ms",
+        stats.prompt_tokens,
+        stats.prefill_tok_s,
+        stats.generated_tokens,
+        stats.decode_tok_s,
+        stats.ttft_ms
+    );
+    eprintln!(
+        "flash bytes per generated token: {:.0} | peak device memory: {:.1} MiB | adapter: {} | backend: {}",
+        stats.flash_bytes_per_token,
+        stats.peak_device_bytes as f64 / 1048576.0,
+        engine.ctx.info.name,
+        engine.ctx.backend_name()
+    );
+}
+
+fn run(cli: &Cli, a: &RunArgs) -> CliResult<()> {
+    a.sample.check()?;
+    let path = resolve_model(&a.model.model)?;
+    let m = load_model(&path)?;
+    let mut prompt_ids = m.tokenizer.encode(&a.prompt, false)?;
+    if m.tokenizer.add_bos() {
+        prompt_ids.insert(0, m.tokenizer.bos_id());
+    }
+    if prompt_ids.is_empty() {
+        return Err("the prompt is empty after tokenization".into());
+    }
+    let mut engine = Engine::new(m.gguf.clone(), &engine_options(cli, &a.model))?;
+    let mut sampler = Sampler::new(a.sample.params());
+    let mut dec = StreamDecoder::new();
+    let stdout = std::io::stdout();
+    let tk = &m.tokenizer;
+    let (generated, stats) = engine.generate(
+        &prompt_ids,
+        a.n,
+        &mut sampler,
+        |id| tk.is_end_of_generation(id),
+        |id| {
+            if let Ok(s) = dec.push(tk, id, true) {
+                let mut out = stdout.lock();
+                let _ = out.write_all(s.as_bytes());
+                let _ = out.flush();
+            }
+            true
+        },
+    )?;
+    println!();
+    print_stats(&engine, &stats);
+    if let Some(p) = &a.stats_json {
+        let j = serde_json::json!({
+            "prompt_ids": prompt_ids,
+            "generated_ids": generated,
+            "prefill_tok_s": stats.prefill_tok_s,
+            "decode_tok_s": stats.decode_tok_s,
+            "ttft_ms": stats.ttft_ms,
+            "flash_bytes_per_token": stats.flash_bytes_per_token,
+            "peak_device_bytes": stats.peak_device_bytes,
+            "backend": engine.ctx.backend_name(),
+            "adapter": engine.ctx.info.name,
+            "prompt_tokens": stats.prompt_tokens,
+            "generated_tokens": stats.generated_tokens,
+            "load_bytes": engine.load_bytes,
+            "model": m.path.display().to_string(),
+        });
+        std::fs::write(p, serde_json::to_string_pretty(&j)?)
+            .map_err(|e| format!("writing {}: {e}", p.display()))?;
+    }
+    Ok(())
+}
+
+fn chat(cli: &Cli, a: &ChatArgs) -> CliResult<()> {
+    a.sample.check()?;
+    let path = resolve_model(&a.model.model)?;
+    let m = load_model(&path)?;
+    let template = ChatTemplate::from_gguf(&m.gguf)?;
+    let mut engine = Engine::new(m.gguf.clone(), &engine_options(cli, &a.model))?;
+    let mut sampler = Sampler::new(a.sample.params());
+    let tk = &m.tokenizer;
+    let mut messages: Vec<ChatMessage> = Vec::new();
+    if let Some(s) = &a.system {
+        messages.push(ChatMessage::new("system", s));
+    }
+    // Token ids currently in the engine's KV cache.
+    let mut cached: Vec<u32> = Vec::new();
+    eprintln!(
+        "flashlm chat: {} on {} — type a message, Ctrl-D to quit.",
+        m.path.file_name().and_then(|s| s.to_str()).unwrap_or("model"),
+        engine.ctx.describe()
+    );
+    let stdin = std::io::stdin();
+    let mut line = String::new();
+    loop {
+        eprint!("> ");
+        line.clear();
+        if stdin.lock().read_line(&mut line)? == 0 {
+            eprintln!();
+            return Ok(());
+        }
+        let text = line.trim_end_matches(['\n', '\r']);
+        if text.trim().is_empty() {
+            continue;
+        }
+        messages.push(ChatMessage::new("user", text));
+        let rendered = template.render(&messages, true)?;
+        let mut ids = tk.encode(&rendered, true)?;
+        if tk.add_bos() && !rendered.starts_with(tk.token_text(tk.bos_id()).unwrap_or("")) {
+            ids.insert(0, tk.bos_id());
+        }
+        if ids.len() + a.n > engine.max_ctx() {
+            eprintln!(
+                "[the conversation ({} tokens) no longer fits the context of {}: starting over]",
+                ids.len(),
+                engine.max_ctx()
+            );
+            messages.retain(|m| m.role == "system");
+            messages.push(ChatMessage::new("user", text));
+            let rendered = template.render(&messages, true)?;
+            ids = tk.encode(&rendered, true)?;
+            engine.reset();
+            cached.clear();
+        }
+        // Reuse the cached prefix; feed only what is new.
+        let common = cached.iter().zip(&ids).take_while(|(a, b)| a == b).count();
+        let common = common.min(ids.len().saturating_sub(1));
+        engine.truncate(common);
+        cached.truncate(common);
+        let new = &ids[common..];
+        let mut dec = StreamDecoder::new();
+        let stdout = std::io::stdout();
+        let max_new = a.n.min(engine.max_ctx().saturating_sub(ids.len()));
+        let (reply, stats) = engine.generate(
+            new,
+            max_new,
+            &mut sampler,
+            |id| tk.is_end_of_generation(id),
+            |id| {
+                if !tk.is_end_of_generation(id)
+                    && let Ok(s) = dec.push(tk, id, true)
+                {
+                    let mut out = stdout.lock();
+                    let _ = out.write_all(s.as_bytes());
+                    let _ = out.flush();
+                }
+                true
+            },
+        )?;
+        println!();
+        cached.extend_from_slice(new);
+        // The last sampled token was not fed to the engine.
+        cached.extend_from_slice(&reply[..reply.len().saturating_sub(1)]);
+        let text_reply = tk.decode(
+            &reply
+                .iter()
+                .copied()
+                .filter(|&id| !tk.is_end_of_generation(id))
+                .collect::<Vec<_>>(),
+            true,
+        )?;
+        messages.push(ChatMessage::new("assistant", &text_reply));
+        log::info!(
+            "{} tokens at {:.1} tok/s (TTFT {:.0} ms)",
+            stats.generated_tokens,
+            stats.decode_tok_s,
+            stats.ttft_ms
+        );
+    }
+}

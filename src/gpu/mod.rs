@@ -1,0 +1,437 @@
+//! The GPU context: adapter and device selection, a device-memory budget that counts every
+//! buffer, the pipeline cache, and blocking readback.
+
+pub mod pipeline;
+
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use thiserror::Error;
+
+pub use pipeline::{Defines, PipelineCache};
+
+/// Errors from the GPU layer.
+#[derive(Debug, Error)]
+pub enum GpuError {
+    #[error(
+        "no GPU adapter found for backends {backends}; on Linux without a GPU driver install lavapipe (apt-get install mesa-vulkan-drivers libvulkan1), or pick another backend with --backend / WGPU_BACKEND"
+    )]
+    NoAdapter { backends: String },
+    #[error("adapter {wanted:?} not found; available: {available}")]
+    AdapterNotFound { wanted: String, available: String },
+    #[error("could not open the GPU device: {0}")]
+    RequestDevice(String),
+    #[error("unknown backend {0:?} (expected vulkan, metal, dx12, gl, or a comma-separated list)")]
+    UnknownBackend(String),
+    #[error("shader {name} failed to compile: {message}")]
+    Shader { name: String, message: String },
+    #[error("GPU validation error: {0}")]
+    Validation(String),
+    #[error("the GPU device was lost: {0}")]
+    DeviceLost(String),
+    #[error("mapping a GPU buffer failed: {0}")]
+    MapFailed(String),
+    #[error(
+        "device-memory budget exceeded: allocating {request} bytes for {label} with {in_use} in use would pass the budget of {budget} bytes"
+    )]
+    BudgetExceeded {
+        label: String,
+        request: u64,
+        in_use: u64,
+        budget: u64,
+    },
+    #[error(
+        "buffer {label} of {size} bytes exceeds the adapter's limit of {limit} bytes per buffer"
+    )]
+    BufferTooLarge { label: String, size: u64, limit: u64 },
+}
+
+/// Counts device bytes: current use, peak and the budget.
+#[derive(Debug)]
+pub struct DeviceBudget {
+    limit: u64,
+    in_use: AtomicU64,
+    peak: AtomicU64,
+}
+
+impl DeviceBudget {
+    pub fn new(limit: u64) -> Self {
+        Self {
+            limit,
+            in_use: AtomicU64::new(0),
+            peak: AtomicU64::new(0),
+        }
+    }
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+    pub fn in_use(&self) -> u64 {
+        self.in_use.load(Ordering::Relaxed)
+    }
+    pub fn peak(&self) -> u64 {
+        self.peak.load(Ordering::Relaxed)
+    }
+    fn reserve(&self, label: &str, bytes: u64) -> Result<(), GpuError> {
+        let mut cur = self.in_use.load(Ordering::Relaxed);
+        loop {
+            let next = cur.saturating_add(bytes);
+            if next > self.limit {
+                return Err(GpuError::BudgetExceeded {
+                    label: label.to_string(),
+                    request: bytes,
+                    in_use: cur,
+                    budget: self.limit,
+                });
+            }
+            match self
+                .in_use
+                .compare_exchange(cur, next, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => {
+                    self.peak.fetch_max(next, Ordering::Relaxed);
+                    return Ok(());
+                }
+                Err(now) => cur = now,
+            }
+        }
+    }
+    fn release(&self, bytes: u64) {
+        self.in_use.fetch_sub(bytes, Ordering::Relaxed);
+    }
+}
+
+/// A device buffer whose bytes are counted by the budget while it lives.
+#[derive(Debug)]
+pub struct GpuBuffer {
+    pub buffer: wgpu::Buffer,
+    pub size: u64,
+    budget: Arc<DeviceBudget>,
+}
+
+impl Drop for GpuBuffer {
+    fn drop(&mut self) {
+        self.buffer.destroy();
+        self.budget.release(self.size);
+    }
+}
+
+impl std::ops::Deref for GpuBuffer {
+    type Target = wgpu::Buffer;
+    fn deref(&self) -> &wgpu::Buffer {
+        &self.buffer
+    }
+}
+
+/// How to choose the adapter.
+#[derive(Debug, Clone, Default)]
+pub struct GpuOptions {
+    /// Backends to consider, e.g. "vulkan" or "gl"; `None` reads `WGPU_BACKEND`, else all.
+    pub backend: Option<String>,
+    /// Substring of the adapter name to pick (`WGPU_ADAPTER_NAME` when `None`).
+    pub adapter: Option<String>,
+    /// Device-memory budget in bytes; `None` means what the adapter allows.
+    pub budget: Option<u64>,
+}
+
+/// Parse a backend list such as "vulkan", "gl" or "vulkan,metal".
+pub fn parse_backends(s: &str) -> Result<wgpu::Backends, GpuError> {
+    let mut out = wgpu::Backends::empty();
+    for part in s.split(',').map(|p| p.trim().to_ascii_lowercase()) {
+        out |= match part.as_str() {
+            "vulkan" | "vk" => wgpu::Backends::VULKAN,
+            "metal" | "mtl" => wgpu::Backends::METAL,
+            "dx12" | "d3d12" => wgpu::Backends::DX12,
+            "gl" | "gles" | "opengl" => wgpu::Backends::GL,
+            "primary" => wgpu::Backends::PRIMARY,
+            "all" => wgpu::Backends::all(),
+            _ => return Err(GpuError::UnknownBackend(s.to_string())),
+        };
+    }
+    Ok(out)
+}
+
+fn backends_from(opts_backend: &Option<String>) -> Result<wgpu::Backends, GpuError> {
+    match opts_backend {
+        Some(b) => parse_backends(b),
+        None => match std::env::var("WGPU_BACKEND") {
+            Ok(b) if !b.is_empty() => parse_backends(&b),
+            _ => Ok(wgpu::Backends::all()),
+        },
+    }
+}
+
+fn make_instance(backends: wgpu::Backends) -> wgpu::Instance {
+    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+    desc.backends = backends;
+    wgpu::Instance::new(desc)
+}
+
+/// All adapters the given backends expose.
+pub fn list_adapters(backend: &Option<String>) -> Result<Vec<wgpu::AdapterInfo>, GpuError> {
+    let backends = backends_from(backend)?;
+    let instance = make_instance(backends);
+    let adapters = pollster::block_on(instance.enumerate_adapters(backends));
+    Ok(adapters.iter().map(|a| a.get_info()).collect())
+}
+
+/// The device, queue, pipeline cache and memory budget.
+pub struct GpuContext {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub info: wgpu::AdapterInfo,
+    pub limits: wgpu::Limits,
+    pub pipelines: PipelineCache,
+    pub budget: Arc<DeviceBudget>,
+    lost: Arc<Mutex<Option<String>>>,
+    errors: Arc<Mutex<Vec<String>>>,
+}
+
+impl GpuContext {
+    /// Pick an adapter and open a device.
+    pub fn new(opts: &GpuOptions) -> Result<Self, GpuError> {
+        let backends = backends_from(&opts.backend)?;
+        let instance = make_instance(backends);
+        let mut adapters = pollster::block_on(instance.enumerate_adapters(backends));
+        if adapters.is_empty() {
+            return Err(GpuError::NoAdapter {
+                backends: format!("{backends:?}"),
+            });
+        }
+        let wanted = opts
+            .adapter
+            .clone()
+            .or_else(|| std::env::var("WGPU_ADAPTER_NAME").ok());
+        let adapter = if let Some(w) = wanted {
+            let wl = w.to_lowercase();
+            let pos = adapters
+                .iter()
+                .position(|a| a.get_info().name.to_lowercase().contains(&wl));
+            match pos {
+                Some(i) => adapters.swap_remove(i),
+                None => {
+                    let available = adapters
+                        .iter()
+                        .map(|a| a.get_info().name)
+                        .collect::<Vec<_>>()
+                        .join(", ");
+                    return Err(GpuError::AdapterNotFound {
+                        wanted: w,
+                        available,
+                    });
+                }
+            }
+        } else {
+            // Prefer a discrete GPU, then integrated, then virtual, then the CPU.
+            let rank = |a: &wgpu::Adapter| match a.get_info().device_type {
+                wgpu::DeviceType::DiscreteGpu => 0,
+                wgpu::DeviceType::IntegratedGpu => 1,
+                wgpu::DeviceType::VirtualGpu => 2,
+                wgpu::DeviceType::Other => 3,
+                wgpu::DeviceType::Cpu => 4,
+            };
+            let best = (0..adapters.len())
+                .min_by_key(|&i| {
+                    let a = &adapters[i];
+                    // Among equals prefer Vulkan/Metal/DX12 over GL.
+                    let gl = (a.get_info().backend == wgpu::Backend::Gl) as u32;
+                    (rank(a), gl)
+                })
+                .unwrap_or(0);
+            adapters.swap_remove(best)
+        };
+        let info = adapter.get_info();
+        let limits = adapter.limits();
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("flashlm"),
+            required_features: wgpu::Features::empty(),
+            required_limits: limits.clone(),
+            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            memory_hints: wgpu::MemoryHints::Performance,
+            trace: wgpu::Trace::Off,
+        }))
+        .map_err(|e| GpuError::RequestDevice(e.to_string()))?;
+
+        let lost = Arc::new(Mutex::new(None));
+        let lost2 = lost.clone();
+        device.set_device_lost_callback(move |reason, msg| {
+            if let Ok(mut l) = lost2.lock() {
+                *l = Some(format!("{reason:?}: {msg}"));
+            }
+        });
+        let errors = Arc::new(Mutex::new(Vec::new()));
+        let errors2 = errors.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            log::error!("wgpu: {e}");
+            if let Ok(mut v) = errors2.lock() {
+                v.push(e.to_string());
+            }
+        }));
+        let budget_limit = opts.budget.unwrap_or(u64::MAX);
+        Ok(Self {
+            pipelines: PipelineCache::new(),
+            device,
+            queue,
+            info,
+            limits,
+            budget: Arc::new(DeviceBudget::new(budget_limit)),
+            lost,
+            errors,
+        })
+    }
+
+    /// "llvmpipe (Vulkan)" style description.
+    pub fn describe(&self) -> String {
+        format!("{} ({:?})", self.info.name, self.info.backend)
+    }
+
+    pub fn backend_name(&self) -> String {
+        format!("{:?}", self.info.backend).to_lowercase()
+    }
+
+    /// Largest storage buffer binding the device allows.
+    pub fn max_binding(&self) -> u64 {
+        (self.limits.max_storage_buffer_binding_size as u64).min(self.limits.max_buffer_size)
+    }
+
+    /// Allocate a buffer, counted against the budget.
+    pub fn buffer(
+        &self,
+        label: &str,
+        size: u64,
+        usage: wgpu::BufferUsages,
+    ) -> Result<GpuBuffer, GpuError> {
+        // wgpu wants sizes that are multiples of 4; keep everything 16-byte rounded.
+        let size = size.max(16).div_ceil(16) * 16;
+        if size > self.limits.max_buffer_size {
+            return Err(GpuError::BufferTooLarge {
+                label: label.to_string(),
+                size,
+                limit: self.limits.max_buffer_size,
+            });
+        }
+        self.budget.reserve(label, size)?;
+        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage,
+            mapped_at_creation: false,
+        });
+        Ok(GpuBuffer {
+            buffer,
+            size,
+            budget: self.budget.clone(),
+        })
+    }
+
+    /// A storage buffer filled with `data` (padded to 4 bytes).
+    pub fn storage_with(&self, label: &str, data: &[u8]) -> Result<GpuBuffer, GpuError> {
+        let buf = self.buffer(
+            label,
+            data.len() as u64,
+            wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
+        )?;
+        self.write(&buf, 0, data);
+        Ok(buf)
+    }
+
+    /// A storage buffer of `size` bytes (contents zero).
+    pub fn storage(&self, label: &str, size: u64) -> Result<GpuBuffer, GpuError> {
+        self.buffer(
+            label,
+            size,
+            wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
+        )
+    }
+
+    /// Queue a write; pads the tail to a multiple of 4 bytes.
+    pub fn write(&self, buf: &wgpu::Buffer, offset: u64, data: &[u8]) {
+        if data.is_empty() {
+            return;
+        }
+        if data.len() % 4 == 0 {
+            self.queue.write_buffer(buf, offset, data);
+        } else {
+            let mut v = data.to_vec();
+            v.resize(data.len().div_ceil(4) * 4, 0);
+            self.queue.write_buffer(buf, offset, &v);
+        }
+    }
+
+    /// Fail with the first recorded device loss or validation error, if any.
+    pub fn check(&self) -> Result<(), GpuError> {
+        if let Ok(l) = self.lost.lock()
+            && let Some(m) = l.as_ref()
+        {
+            return Err(GpuError::DeviceLost(m.clone()));
+        }
+        if let Ok(mut e) = self.errors.lock()
+            && !e.is_empty()
+        {
+            let all = e.drain(..).collect::<Vec<_>>().join("; ");
+            return Err(GpuError::Validation(all));
+        }
+        Ok(())
+    }
+
+    /// Block until all submitted work is done.
+    pub fn wait(&self) -> Result<(), GpuError> {
+        self.device
+            .poll(wgpu::PollType::Wait {
+                submission_index: None,
+                timeout: None,
+            })
+            .map_err(|e| GpuError::DeviceLost(e.to_string()))?;
+        self.check()
+    }
+
+    /// Map `buf` (MAP_READ) and copy `len` bytes out.
+    pub fn read_mapped(&self, buf: &wgpu::Buffer, len: u64) -> Result<Vec<u8>, GpuError> {
+        let len = len.div_ceil(4) * 4;
+        let slot: Arc<Mutex<Option<Result<(), wgpu::BufferAsyncError>>>> =
+            Arc::new(Mutex::new(None));
+        let s2 = slot.clone();
+        buf.map_async(wgpu::MapMode::Read, 0..len, move |r| {
+            if let Ok(mut s) = s2.lock() {
+                *s = Some(r);
+            }
+        });
+        self.wait()?;
+        let res = slot.lock().ok().and_then(|mut s| s.take());
+        match res {
+            Some(Ok(())) => {}
+            Some(Err(e)) => return Err(GpuError::MapFailed(e.to_string())),
+            None => return Err(GpuError::MapFailed("map callback never ran".into())),
+        }
+        let out = {
+            let view = buf
+                .get_mapped_range(0..len)
+                .map_err(|e| GpuError::MapFailed(e.to_string()))?;
+            view.to_vec()
+        };
+        buf.unmap();
+        Ok(out)
+    }
+
+    /// Copy a storage buffer's first `len` bytes back to the host (tests, debugging).
+    pub fn read_buffer(&self, src: &wgpu::Buffer, len: u64) -> Result<Vec<u8>, GpuError> {
+        let len4 = len.div_ceil(4) * 4;
+        let staging = self.buffer(
+            "readback",
+            len4,
+            wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        )?;
+        let mut enc = self.device.create_command_encoder(&Default::default());
+        enc.copy_buffer_to_buffer(src, 0, &staging, 0, len4);
+        self.queue.submit([enc.finish()]);
+        let mut v = self.read_mapped(&staging, len4)?;
+        v.truncate(len as usize);
+        Ok(v)
+    }
+
+    /// Read `n` f32 values from the start of a buffer.
+    pub fn read_f32(&self, src: &wgpu::Buffer, n: usize) -> Result<Vec<f32>, GpuError> {
+        let bytes = self.read_buffer(src, (n * 4) as u64)?;
+        Ok(bytemuck::pod_collect_to_vec(&bytes))
+    }
+}

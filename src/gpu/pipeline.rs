@@ -1,0 +1,185 @@
+//! Shader sources, a small preprocessing step and one pipeline cache keyed by
+//! (shader, entry point, defines).
+//!
+//! Shaders live in `shaders/*.wgsl`. Before compilation each define with a value becomes a
+//! `const NAME = VALUE;` line at the top, and `#ifdef NAME` / `#ifndef NAME` / `#else` /
+//! `#endif` lines keep or drop the lines between them.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+
+use super::GpuError;
+
+/// The shader files, embedded at build time.
+pub fn shader_source(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "matmul" => include_str!("../../shaders/matmul.wgsl"),
+        "rmsnorm" => include_str!("../../shaders/rmsnorm.wgsl"),
+        "rope" => include_str!("../../shaders/rope.wgsl"),
+        "attention" => include_str!("../../shaders/attention.wgsl"),
+        "elementwise" => include_str!("../../shaders/elementwise.wgsl"),
+        _ => return None,
+    })
+}
+
+/// Preprocessor defines: a flag (`value` empty) or a constant.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Defines(BTreeMap<String, String>);
+
+impl Defines {
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// A flag for `#ifdef`.
+    pub fn flag(mut self, name: &str) -> Self {
+        self.0.insert(name.to_string(), String::new());
+        self
+    }
+    /// A constant, emitted as `const NAME = VALUE;` (VALUE is WGSL text, e.g. `64u`).
+    pub fn val(mut self, name: &str, value: impl ToString) -> Self {
+        self.0.insert(name.to_string(), value.to_string());
+        self
+    }
+    fn key(&self) -> String {
+        self.0
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}
+
+/// Apply `defines` to `src`: constants first, then conditional blocks.
+pub fn preprocess(src: &str, defines: &Defines) -> Result<String, String> {
+    let mut out = String::with_capacity(src.len() + 256);
+    for (k, v) in &defines.0 {
+        if !v.is_empty() {
+            out.push_str(&format!("const {k} = {v};\n"));
+        }
+    }
+    // Stack of (this block active, some branch already taken).
+    let mut stack: Vec<(bool, bool)> = Vec::new();
+    let active = |stack: &Vec<(bool, bool)>| stack.iter().all(|&(a, _)| a);
+    for (i, line) in src.lines().enumerate() {
+        let t = line.trim_start();
+        if let Some(rest) = t.strip_prefix("#ifdef ") {
+            let on = defines.0.contains_key(rest.trim());
+            stack.push((on, on));
+        } else if let Some(rest) = t.strip_prefix("#ifndef ") {
+            let on = !defines.0.contains_key(rest.trim());
+            stack.push((on, on));
+        } else if t.starts_with("#else") {
+            match stack.last_mut() {
+                Some(top) => {
+                    top.0 = !top.1;
+                    top.1 = true;
+                }
+                None => return Err(format!("line {}: #else without #ifdef", i + 1)),
+            }
+        } else if t.starts_with("#endif") {
+            if stack.pop().is_none() {
+                return Err(format!("line {}: #endif without #ifdef", i + 1));
+            }
+        } else if active(&stack) {
+            out.push_str(line);
+            out.push('\n');
+        } else {
+            // Keep line numbers stable for compiler messages.
+            out.push('\n');
+        }
+    }
+    if !stack.is_empty() {
+        return Err("unterminated #ifdef".into());
+    }
+    Ok(out)
+}
+
+type Key = (String, String, String);
+
+/// Compiled pipelines, created once per (shader, entry, defines).
+#[derive(Default)]
+pub struct PipelineCache {
+    map: Mutex<HashMap<Key, Arc<wgpu::ComputePipeline>>>,
+}
+
+impl PipelineCache {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Number of distinct pipelines compiled so far.
+    pub fn len(&self) -> usize {
+        self.map.lock().map(|m| m.len()).unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Get or compile a pipeline.
+    pub fn get(
+        &self,
+        device: &wgpu::Device,
+        shader: &str,
+        entry: &str,
+        defines: &Defines,
+    ) -> Result<Arc<wgpu::ComputePipeline>, GpuError> {
+        let key = (shader.to_string(), entry.to_string(), defines.key());
+        if let Ok(m) = self.map.lock()
+            && let Some(p) = m.get(&key)
+        {
+            return Ok(p.clone());
+        }
+        let src = shader_source(shader).ok_or_else(|| GpuError::Shader {
+            name: shader.to_string(),
+            message: "no such shader".into(),
+        })?;
+        let code = preprocess(src, defines).map_err(|message| GpuError::Shader {
+            name: shader.to_string(),
+            message,
+        })?;
+        let label = format!("{shader}:{entry}[{}]", defines.key());
+        let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some(&label),
+            source: wgpu::ShaderSource::Wgsl(code.into()),
+        });
+        let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(&label),
+            layout: None,
+            module: &module,
+            entry_point: Some(entry),
+            compilation_options: Default::default(),
+            cache: None,
+        });
+        if let Some(err) = pollster::block_on(scope.pop()) {
+            return Err(GpuError::Shader {
+                name: label,
+                message: err.to_string(),
+            });
+        }
+        let p = Arc::new(pipeline);
+        if let Ok(mut m) = self.map.lock() {
+            m.insert(key, p.clone());
+        }
+        Ok(p)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn preprocess_blocks_and_consts() {
+        let src = "a\n#ifdef X\nb\n#else\nc\n#endif\n#ifndef Y\nd\n#endif\ne";
+        let out = preprocess(src, &Defines::new().flag("X").val("N", "4u")).unwrap();
+        let lines: Vec<&str> = out.lines().filter(|l| !l.is_empty()).collect();
+        assert_eq!(lines, vec!["const N = 4u;", "a", "b", "d", "e"]);
+        let out = preprocess(src, &Defines::new().flag("Y")).unwrap();
+        let lines: Vec<&str> = out.lines().filter(|l| !l.is_empty()).collect();
+        assert_eq!(lines, vec!["a", "c", "e"]);
+        assert!(preprocess("#ifdef A\nx", &Defines::new()).is_err());
+        assert!(preprocess("#endif", &Defines::new()).is_err());
+    }
+}

@@ -1,0 +1,287 @@
+//! Each kernel against the CPU reference on seeded random inputs, for every weight type, with
+//! sizes that are not multiples of the workgroup or block size.
+//!
+//! Tolerances: matrix products |gpu - cpu| <= 1e-4 * sum_c |w_rc x_tc| + 1e-5 (f32 accumulation
+//! in another order over the same dequantized weights); norms, RoPE and attention 1e-4 relative
+//! to the largest magnitude in the output plus 1e-5.
+mod common;
+
+use common::Rng;
+use flashlm::gguf::{GgmlType, quant};
+use flashlm::gpu::GpuContext;
+use flashlm::kernels::{self, MatmulIo, Step};
+use flashlm::model::config::RopeStyle;
+use flashlm::model::reference::ops;
+
+const TYPES: [GgmlType; 6] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q8_0,
+];
+
+fn step_buffer(ctx: &GpuContext, n_tokens: u32, pos0: u32) -> flashlm::gpu::GpuBuffer {
+    let buf = ctx
+        .buffer(
+            "step",
+            16,
+            wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+        )
+        .unwrap();
+    let s = Step {
+        n_tokens,
+        pos0,
+        _pad: [0; 2],
+    };
+    ctx.write(&buf, 0, bytemuck::bytes_of(&s));
+    buf
+}
+
+fn run(ctx: &GpuContext, list: &[kernels::Dispatch], n_tokens: u32) {
+    let mut enc = ctx.device.create_command_encoder(&Default::default());
+    kernels::record_all(&mut enc, list, n_tokens);
+    ctx.queue.submit([enc.finish()]);
+    ctx.wait().unwrap();
+}
+
+fn f32s(v: &[f32]) -> &[u8] {
+    bytemuck::cast_slice(v)
+}
+
+/// Quantize random weights, then return (stored bytes, the dequantized values the CPU uses).
+fn weights(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> (Vec<u8>, Vec<f32>) {
+    let w = rng.vec(rows * cols, 1.0);
+    let bytes = quant::quantize(ty, &w);
+    let mut deq = vec![0f32; rows * cols];
+    quant::dequantize(ty, &bytes, &mut deq);
+    (bytes, deq)
+}
+
+fn check_matmul(y: &[f32], w: &[f32], x: &[f32], rows: usize, cols: usize, base: &[f32], what: &str) {
+    let t_count = x.len() / cols;
+    for t in 0..t_count {
+        let xt = &x[t * cols..(t + 1) * cols];
+        let want = ops::matvec(w, rows, cols, xt);
+        for r in 0..rows {
+            let mag: f32 = (0..cols).map(|c| (w[r * cols + c] * xt[c]).abs()).sum();
+            let tol = 1e-4 * mag + 1e-5;
+            let got = y[t * rows + r] - base[t * rows + r];
+            assert!(
+                (got - want[r]).abs() <= tol,
+                "{what}: token {t} row {r}: gpu {got} cpu {} (tol {tol})",
+                want[r]
+            );
+        }
+    }
+}
+
+#[test]
+fn matmul_every_type_odd_sizes() {
+    let Some(ctx) = common::gpu() else { return };
+    let mut rng = Rng(7);
+    for ty in TYPES {
+        let float = matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
+        // Rows never a multiple of the 4 rows per workgroup; float types with ragged columns.
+        let shapes: &[(usize, usize)] = if float {
+            &[(37, 21), (5, 96), (66, 131)]
+        } else {
+            &[(37, 64), (5, 96), (66, 160)]
+        };
+        for &(rows, cols) in shapes {
+            let (bytes, deq) = weights(&mut rng, ty, rows, cols);
+            let gw = kernels::upload_weight(&ctx, "w", ty, rows as u32, cols as u32, &bytes).unwrap();
+            for (t_count, tt) in [(1usize, 1u32), (3, 8), (13, 8), (9, 1)] {
+                let x = rng.vec(t_count * cols, 1.0);
+                let xb = ctx.storage_with("x", f32s(&x)).unwrap();
+                let base = rng.vec(t_count * rows, 1.0);
+                for acc in [false, true] {
+                    let yb = ctx.storage_with("y", f32s(&base)).unwrap();
+                    let step = step_buffer(&ctx, t_count as u32, 0);
+                    let io = MatmulIo {
+                        x_stride: cols as u32,
+                        y_stride: rows as u32,
+                        accumulate: acc,
+                        token_tile: tt,
+                        ..Default::default()
+                    };
+                    let list = kernels::matmul(&ctx, &step, &gw, &xb, &yb, io).unwrap();
+                    run(&ctx, &list, t_count as u32);
+                    let y = ctx.read_f32(&yb, t_count * rows).unwrap();
+                    let zero = vec![0f32; t_count * rows];
+                    let what = format!("{ty:?} {rows}x{cols} T={t_count} tt={tt} acc={acc}");
+                    check_matmul(&y, &deq, &x, rows, cols, if acc { &base } else { &zero }, &what);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_swiglu_matches_reference() {
+    let Some(ctx) = common::gpu() else { return };
+    let mut rng = Rng(11);
+    for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::F16] {
+        let (rows, cols, t_count) = (45usize, 96usize, 5usize);
+        let (bg, dg) = weights(&mut rng, ty, rows, cols);
+        let (bu, du) = weights(&mut rng, ty, rows, cols);
+        let wg = kernels::upload_weight(&ctx, "g", ty, rows as u32, cols as u32, &bg).unwrap();
+        let wu = kernels::upload_weight(&ctx, "u", ty, rows as u32, cols as u32, &bu).unwrap();
+        let x = rng.vec(t_count * cols, 1.0);
+        let xb = ctx.storage_with("x", f32s(&x)).unwrap();
+        let yb = ctx.storage("y", (t_count * rows * 4) as u64).unwrap();
+        let step = step_buffer(&ctx, t_count as u32, 0);
+        for tt in [1, 8] {
+            let io = MatmulIo {
+                x_stride: cols as u32,
+                y_stride: rows as u32,
+                token_tile: tt,
+                ..Default::default()
+            };
+            let list = kernels::matmul_swiglu(&ctx, &step, &wg, &wu, &xb, &yb, io).unwrap();
+            run(&ctx, &list, t_count as u32);
+            let y = ctx.read_f32(&yb, t_count * rows).unwrap();
+            for t in 0..t_count {
+                let xt = &x[t * cols..(t + 1) * cols];
+                let want = ops::swiglu(&ops::matvec(&dg, rows, cols, xt), &ops::matvec(&du, rows, cols, xt));
+                for r in 0..rows {
+                    let tol = 1e-4 * want[r].abs().max(1.0) * (cols as f32).sqrt();
+                    assert!((y[t * rows + r] - want[r]).abs() <= tol, "{ty:?} tt={tt} t={t} r={r}: {} vs {}", y[t * rows + r], want[r]);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_split_into_parts_and_written_at_position() {
+    // A weight split over several buffers writes each part's rows at the right place, and
+    // y_at_pos writes token t at row pos0 + t (the KV cache path).
+    let Some(ctx) = common::gpu() else { return };
+    let mut rng = Rng(3);
+    let (rows, cols, t_count, pos0) = (23usize, 64usize, 3usize, 5usize);
+    let ty = GgmlType::Q4_0;
+    let (bytes, deq) = weights(&mut rng, ty, rows, cols);
+    let rb = bytes.len() / rows;
+    // Build the split weight by hand: parts of 10, 10 and 3 rows.
+    let mut parts = Vec::new();
+    for (r0, n) in [(0usize, 10usize), (10, 10), (20, 3)] {
+        let buf = ctx.storage_with("part", &bytes[r0 * rb..(r0 + n) * rb]).unwrap();
+        parts.push((buf, r0 as u32, n as u32));
+    }
+    let gw = kernels::GpuWeight { ty, rows: rows as u32, cols: cols as u32, row_bytes: rb as u32, parts };
+    let x = rng.vec(t_count * cols, 1.0);
+    let xb = ctx.storage_with("x", f32s(&x)).unwrap();
+    let yb = ctx.storage("y", ((pos0 + t_count) * rows * 4) as u64).unwrap();
+    let step = step_buffer(&ctx, t_count as u32, pos0 as u32);
+    let io = MatmulIo { x_stride: cols as u32, y_stride: rows as u32, y_at_pos: true, token_tile: 8, ..Default::default() };
+    let list = kernels::matmul(&ctx, &step, &gw, &xb, &yb, io).unwrap();
+    assert_eq!(list.len(), 3);
+    run(&ctx, &list, t_count as u32);
+    let y = ctx.read_f32(&yb, (pos0 + t_count) * rows).unwrap();
+    assert!(y[..pos0 * rows].iter().all(|&v| v == 0.0), "rows before pos0 untouched");
+    let zero = vec![0f32; t_count * rows];
+    check_matmul(&y[pos0 * rows..], &deq, &x, rows, cols, &zero, "split");
+}
+
+#[test]
+fn rmsnorm_matches_reference() {
+    let Some(ctx) = common::gpu() else { return };
+    let mut rng = Rng(5);
+    for (n, t_count) in [(1usize, 1usize), (63, 2), (576, 3), (1000, 7)] {
+        let x = rng.vec(n * t_count, 3.0);
+        let w = rng.vec(n, 1.0);
+        let xb = ctx.storage_with("x", f32s(&x)).unwrap();
+        let wb = ctx.storage_with("w", f32s(&w)).unwrap();
+        let yb = ctx.storage("y", (n * t_count * 4) as u64).unwrap();
+        let step = step_buffer(&ctx, t_count as u32, 0);
+        let d = kernels::rmsnorm(&ctx, &step, &xb, &wb, &yb, n as u32, 1e-5, 0, 0).unwrap();
+        run(&ctx, &[d], t_count as u32);
+        let y = ctx.read_f32(&yb, n * t_count).unwrap();
+        for t in 0..t_count {
+            let want = ops::rmsnorm(&x[t * n..(t + 1) * n], &w, 1e-5);
+            let mag = want.iter().fold(0f32, |a, v| a.max(v.abs()));
+            for i in 0..n {
+                assert!((y[t * n + i] - want[i]).abs() <= 1e-4 * mag + 1e-5, "n={n} t={t} i={i}");
+            }
+        }
+    }
+}
+
+#[test]
+fn rope_matches_reference_both_styles() {
+    let Some(ctx) = common::gpu() else { return };
+    let mut rng = Rng(9);
+    for style in [RopeStyle::Normal, RopeStyle::Neox] {
+        for (n_heads, head_dim, rope_dim, t_count, pos0) in
+            [(3usize, 64usize, 64usize, 4usize, 0usize), (5, 10, 6, 3, 17), (1, 128, 128, 1, 4000)]
+        {
+            let stride = n_heads * head_dim;
+            let x = rng.vec(t_count * stride, 1.0);
+            let xb = ctx.storage_with("x", f32s(&x)).unwrap();
+            let base = 10000.0f32;
+            let cs = kernels::rope_table(pos0 as u32, t_count as u32, rope_dim as u32, base);
+            let csb = ctx.storage_with("cs", f32s(&cs)).unwrap();
+            let step = step_buffer(&ctx, t_count as u32, pos0 as u32);
+            let d = kernels::rope(
+                &ctx, &step, &csb, &xb, n_heads as u32, head_dim as u32, rope_dim as u32,
+                stride as u32, false, style == RopeStyle::Neox,
+            )
+            .unwrap();
+            run(&ctx, &[d], t_count as u32);
+            let y = ctx.read_f32(&xb, t_count * stride).unwrap();
+            for t in 0..t_count {
+                let mut want = x[t * stride..(t + 1) * stride].to_vec();
+                ops::rope_inplace(&mut want, n_heads, head_dim, rope_dim, pos0 + t, base, style);
+                for i in 0..stride {
+                    assert!((y[t * stride + i] - want[i]).abs() <= 1e-4, "{style:?} t={t} i={i}: {} vs {}", y[t * stride + i], want[i]);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn attention_matches_reference_gqa_causal() {
+    let Some(ctx) = common::gpu() else { return };
+    let mut rng = Rng(13);
+    // (heads, kv heads, head dim, cached positions before the batch, batch tokens)
+    for (nh, nkv, hd, pos0, t_count) in [
+        (9usize, 3usize, 64usize, 0usize, 5usize),
+        (4, 4, 32, 70, 1),
+        (6, 2, 80, 130, 3),
+        (2, 1, 128, 1, 2),
+        (3, 1, 17, 0, 1),
+    ] {
+        let n_kv = pos0 + t_count;
+        let kv_dim = nkv * hd;
+        let kc = rng.vec(n_kv * kv_dim, 1.0);
+        let vc = rng.vec(n_kv * kv_dim, 1.0);
+        let q = rng.vec(t_count * nh * hd, 1.0);
+        let qb = ctx.storage_with("q", f32s(&q)).unwrap();
+        let kb = ctx.storage_with("k", f32s(&kc)).unwrap();
+        let vb = ctx.storage_with("v", f32s(&vc)).unwrap();
+        let ob = ctx.storage("o", (t_count * nh * hd * 4) as u64).unwrap();
+        let step = step_buffer(&ctx, t_count as u32, pos0 as u32);
+        let d = kernels::attention(&ctx, &step, &qb, &kb, &vb, &ob, nh as u32, nkv as u32, hd as u32).unwrap();
+        run(&ctx, &[d], t_count as u32);
+        let o = ctx.read_f32(&ob, t_count * nh * hd).unwrap();
+        for t in 0..t_count {
+            let seen = pos0 + t + 1;
+            let want = ops::attention(
+                &q[t * nh * hd..(t + 1) * nh * hd],
+                &kc[..seen * kv_dim],
+                &vc[..seen * kv_dim],
+                nh,
+                nkv,
+                hd,
+                seen,
+            );
+            for i in 0..nh * hd {
+                let g = o[t * nh * hd + i];
+                assert!((g - want[i]).abs() <= 1e-4 * want[i].abs().max(1.0), "nh={nh} hd={hd} t={t} i={i}: {g} vs {}", want[i]);
+            }
+        }
+    }
+}

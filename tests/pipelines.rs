@@ -1,0 +1,39 @@
+//! Every shader variant the engine uses compiles on the adapter.
+mod common;
+
+use flashlm::gpu::Defines;
+
+#[test]
+fn all_shader_variants_compile() {
+    let Some(ctx) = common::gpu() else { return };
+    for ty in ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0"] {
+        for tt in [1, 8] {
+            for extra in [None, Some("ACC"), Some("SWIGLU")] {
+                let mut d = Defines::new()
+                    .flag(ty)
+                    .val("ROWS_PER_WG", "4u")
+                    .val("TPR", "16u")
+                    .val("TT", format!("{tt}u"));
+                if let Some(e) = extra {
+                    d = d.flag(e);
+                }
+                ctx.pipelines
+                    .get(&ctx.device, "matmul", "main", &d)
+                    .unwrap_or_else(|e| panic!("{ty} {tt} {extra:?}: {e}"));
+            }
+        }
+    }
+    ctx.pipelines.get(&ctx.device, "rmsnorm", "main", &Defines::new()).unwrap();
+    ctx.pipelines.get(&ctx.device, "rope", "main", &Defines::new()).unwrap();
+    for dpt in [1, 2, 4] {
+        ctx.pipelines
+            .get(&ctx.device, "attention", "main", &Defines::new().val("DPT", format!("{dpt}u")))
+            .unwrap();
+    }
+    ctx.pipelines.get(&ctx.device, "elementwise", "add_bias", &Defines::new()).unwrap();
+    // Cached: asking again compiles nothing new.
+    let n = ctx.pipelines.len();
+    ctx.pipelines.get(&ctx.device, "rmsnorm", "main", &Defines::new()).unwrap();
+    assert_eq!(ctx.pipelines.len(), n);
+    ctx.check().unwrap();
+}
