@@ -294,9 +294,13 @@ impl CpuModel {
         })
     }
 
-    /// An empty KV cache for up to `max_ctx` positions.
+    /// An empty KV cache for up to `max_ctx` positions (which may exceed the trained context).
+    ///
+    /// Panics if the cache size overflows `usize`.
     pub fn new_state(&self, max_ctx: usize) -> CpuState {
-        let n = max_ctx * self.config.kv_dim();
+        let n = max_ctx
+            .checked_mul(self.config.kv_dim())
+            .expect("KV cache size overflows usize");
         CpuState {
             k_cache: (0..self.config.n_layers).map(|_| vec![0.0; n]).collect(),
             v_cache: (0..self.config.n_layers).map(|_| vec![0.0; n]).collect(),
@@ -342,10 +346,17 @@ impl CpuModel {
                 problem: format!("only {} earlier positions are cached", state.len),
             });
         }
-        if state.k_cache.len() != c.n_layers {
+        let cache_len = state.max_ctx * c.kv_dim();
+        if state.k_cache.len() != c.n_layers
+            || state
+                .k_cache
+                .iter()
+                .chain(&state.v_cache)
+                .any(|v| v.len() != cache_len)
+        {
             return Err(ModelError::BadPosition {
                 pos,
-                problem: "the state belongs to a model with another layer count".to_string(),
+                problem: "the state was made by a model of another shape".to_string(),
             });
         }
         let (e, q_dim, kv_dim, ff) = (c.n_embd, c.q_dim(), c.kv_dim(), c.n_ff);
