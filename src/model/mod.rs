@@ -4,4 +4,5 @@
 pub mod chat;
 pub mod config;
 pub mod reference;
+pub mod synthetic;
 pub mod tokenizer;
