@@ -6,6 +6,7 @@
 //! CPU reference forward pass that the tests use as an oracle.
 
 pub mod gguf;
+pub mod engine;
 pub mod gpu;
 pub mod kernels;
 pub mod model;

@@ -84,6 +84,7 @@ fn synthetic(ty: GgmlType, seed: u64) -> Arc<GgufFile> {
         vocab: 300,
         weight_type: ty,
         ctx: 128,
+        untied_output: seed % 2 == 1,
     };
     Arc::new(GgufFile::from_bytes(synthetic_llama(&spec, seed)).unwrap())
 }

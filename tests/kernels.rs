@@ -235,7 +235,7 @@ fn rope_matches_reference_both_styles() {
                 let mut want = x[t * stride..(t + 1) * stride].to_vec();
                 ops::rope_inplace(&mut want, n_heads, head_dim, rope_dim, pos0 + t, base, style);
                 for i in 0..stride {
-                    assert!((y[t * stride + i] - want[i]).abs() <= 1e-4, "{style:?} t={t} i={i}: {} vs {}", y[t * stride + i], want[i]);
+                    assert!((y[t * stride + i] - want[i]).abs() <= 1e-4, "{style:?} cfg=({n_heads},{head_dim},{rope_dim},{pos0}) t={t} i={i}: {} vs {} (x {})", y[t * stride + i], want[i], x[t * stride + i]);
                 }
             }
         }

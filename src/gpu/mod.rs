@@ -156,7 +156,8 @@ fn backends_from(opts_backend: &Option<String>) -> Result<wgpu::Backends, GpuErr
         Some(b) => parse_backends(b),
         None => match std::env::var("WGPU_BACKEND") {
             Ok(b) if !b.is_empty() => parse_backends(&b),
-            _ => Ok(wgpu::Backends::all()),
+            // Vulkan, Metal or DX12 first; GL only where none of them has an adapter.
+            _ => Ok(wgpu::Backends::PRIMARY),
         },
     }
 }
@@ -169,7 +170,11 @@ fn make_instance(backends: wgpu::Backends) -> wgpu::Instance {
 
 /// All adapters the given backends expose.
 pub fn list_adapters(backend: &Option<String>) -> Result<Vec<wgpu::AdapterInfo>, GpuError> {
-    let backends = backends_from(backend)?;
+    let backends = if backend.is_none() && std::env::var("WGPU_BACKEND").is_err() {
+        wgpu::Backends::all()
+    } else {
+        backends_from(backend)?
+    };
     let instance = make_instance(backends);
     let adapters = pollster::block_on(instance.enumerate_adapters(backends));
     Ok(adapters.iter().map(|a| a.get_info()).collect())
@@ -191,8 +196,12 @@ impl GpuContext {
     /// Pick an adapter and open a device.
     pub fn new(opts: &GpuOptions) -> Result<Self, GpuError> {
         let backends = backends_from(&opts.backend)?;
-        let instance = make_instance(backends);
+        let mut instance = make_instance(backends);
         let mut adapters = pollster::block_on(instance.enumerate_adapters(backends));
+        if adapters.is_empty() && opts.backend.is_none() && std::env::var("WGPU_BACKEND").is_err() {
+            instance = make_instance(wgpu::Backends::GL);
+            adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::GL));
+        }
         if adapters.is_empty() {
             return Err(GpuError::NoAdapter {
                 backends: format!("{backends:?}"),

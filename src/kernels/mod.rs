@@ -577,12 +577,13 @@ pub fn rope_table(pos0: u32, n_tokens: u32, rope_dim: u32, base: f32) -> Vec<f32
     let half = (rope_dim / 2) as usize;
     let mut out = Vec::with_capacity(n_tokens as usize * half * 2);
     for t in 0..n_tokens {
-        let pos = (pos0 + t) as f32;
+        // In f64: at positions in the thousands an f32 angle is off by ~1e-4 radians.
+        let pos = (pos0 + t) as f64;
         for i in 0..half {
-            let freq = base.powf(-((2 * i) as f32) / rope_dim as f32);
+            let freq = (base as f64).powf(-((2 * i) as f64) / rope_dim as f64);
             let theta = pos * freq;
-            out.push(theta.cos());
-            out.push(theta.sin());
+            out.push(theta.cos() as f32);
+            out.push(theta.sin() as f32);
         }
     }
     out
