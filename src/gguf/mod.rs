@@ -861,6 +861,7 @@ impl<'a> Parser<'a> {
             UINT32 => MetaValue::U32(self.u32(field)?),
             INT32 => MetaValue::I32(self.i32(field)?),
             FLOAT32 => MetaValue::F32(self.f32(field)?),
+            // Any non-zero byte reads as true, as in the reference reader.
             BOOL => MetaValue::Bool(self.u8(field)? != 0),
             STRING => MetaValue::String(self.string(field)?),
             UINT64 => MetaValue::U64(self.u64(field)?),

@@ -11,12 +11,12 @@
 //! The quantizers follow ggml's reference (`*_ref`) quantizers bit for bit, so a tensor
 //! quantized here matches one quantized by the reference tools:
 //! - `Q4_0`: `max` is the value of largest magnitude (sign kept), `d = max / -8`,
-//!   `q = min(15, trunc(x / d + 8.5))`.
-//! - `Q4_1`: `d = (max - min) / 15`, `m = min`, `q = min(15, trunc((x - min) / d + 0.5))`.
-//! - `Q8_0`: `d = amax / 127`, `q = round(x / d)` (half away from zero).
+//!   `q = min(15, trunc(x * id + 8.5))`.
+//! - `Q4_1`: `d = (max - min) / 15`, `m = min`, `q = min(15, trunc((x - min) * id + 0.5))`.
+//! - `Q8_0`: `d = amax / 127`, `q = round(x * id)` (half away from zero).
 //!
-//! In all three the reciprocal `1 / d` is taken from the f32 `d` (0 when `d` is 0) before `d`
-//! is rounded to f16 for storage.
+//! In all three `id = 1 / d` is taken from the f32 `d` (0 when `d` is 0) before `d` (and `m`)
+//! are rounded to f16 for storage.
 
 use half::{bf16, f16};
 
