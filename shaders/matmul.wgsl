@@ -7,7 +7,9 @@
 // reused across TT tokens (prefill).
 //
 // Defines: one of F32 / F16 / BF16 / Q4_0 / Q4_1 / Q8_0; ROWS_PER_WG, TPR (power of two), TT;
-// ACC (add into Y: fused residual); SWIGLU (a second weight W2 and Y = silu(W X) * (W2 X)).
+// ACC (add into Y: fused residual); SWIGLU (a second weight W2 and Y = silu(W X) * (W2 X));
+// REDUCE (TPR > 1: lanes of a row combine through workgroup memory); RAGGED (float types whose
+// row length may not be a multiple of 8).
 
 struct Params {
     rows: u32,
@@ -42,9 +44,11 @@ struct Step {
 
 const WG: u32 = ROWS_PER_WG * TPR;
 
+#ifdef REDUCE
 var<workgroup> red: array<f32, WG * TT>;
 #ifdef SWIGLU
 var<workgroup> red2: array<f32, WG * TT>;
+#endif
 #endif
 
 fn word(s: u32, i: u32) -> u32 {
@@ -154,10 +158,12 @@ fn load_unit(s: u32, r: u32, u: u32) -> Unit {
 }
 
 fn xval(i: u32, c: u32) -> f32 {
-    if (c < p.cols) {
-        return x[i];
+#ifdef RAGGED
+    if (c >= p.cols) {
+        return 0.0;
     }
-    return 0.0;
+#endif
+    return x[i];
 }
 
 @compute @workgroup_size(WG)
@@ -192,6 +198,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
             }
         }
     }
+#ifdef REDUCE
     for (var t = 0u; t < TT; t++) {
         red[lid * TT + t] = acc[t];
 #ifdef SWIGLU
@@ -210,22 +217,49 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         }
         workgroupBarrier();
     }
+#endif
+#ifdef REDUCE
+    // Lanes 0..TT of each row write one token each.
     if (lt < TT && r < p.rows) {
         let t = t0 + lt;
         if (t < n_tok) {
-            var yo = p.y_offset + t * p.y_stride + r;
-            if (p.y_at_pos != 0u) {
-                yo += step.pos0 * p.y_stride;
-            }
             var v = red[lr * TPR * TT + lt];
 #ifdef SWIGLU
-            v = v / (1.0 + exp(-v)) * red2[lr * TPR * TT + lt];
-#endif
-#ifdef ACC
-            y[yo] += v;
+            let v2 = red2[lr * TPR * TT + lt];
 #else
-            y[yo] = v;
+            let v2 = 0.0;
 #endif
+            store(t, r, v, v2);
         }
     }
+#else
+    // One thread per row: it holds every token's sum.
+    if (r < p.rows) {
+        for (var t = 0u; t < TT; t++) {
+            if (t0 + t < n_tok) {
+#ifdef SWIGLU
+                store(t0 + t, r, acc[t], acc2[t]);
+#else
+                store(t0 + t, r, acc[t], 0.0);
+#endif
+            }
+        }
+    }
+#endif
+}
+
+fn store(t: u32, r: u32, v: f32, v2: f32) {
+    var yo = p.y_offset + t * p.y_stride + r;
+    if (p.y_at_pos != 0u) {
+        yo += step.pos0 * p.y_stride;
+    }
+    var o = v;
+#ifdef SWIGLU
+    o = v / (1.0 + exp(-v)) * v2;
+#endif
+#ifdef ACC
+    y[yo] += o;
+#else
+    y[yo] = o;
+#endif
 }

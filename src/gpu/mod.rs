@@ -180,8 +180,32 @@ pub fn list_adapters(backend: &Option<String>) -> Result<Vec<wgpu::AdapterInfo>,
     Ok(adapters.iter().map(|a| a.get_info()).collect())
 }
 
+/// How the matrix kernels spread a row over threads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MatmulLayout {
+    /// Rows per workgroup.
+    pub rows_per_wg: u32,
+    /// Threads per row (a power of two; 1 means no cross-thread reduction).
+    pub tpr: u32,
+}
+
+impl MatmulLayout {
+    /// GPUs: 16 threads share a row, so neighbouring threads read neighbouring weight bytes.
+    pub const GPU: Self = Self {
+        rows_per_wg: 4,
+        tpr: 16,
+    };
+    /// CPU rasterizers (lavapipe, llvmpipe): a thread per row, no workgroup barriers.
+    pub const CPU: Self = Self {
+        rows_per_wg: 64,
+        tpr: 1,
+    };
+}
+
 /// The device, queue, pipeline cache and memory budget.
 pub struct GpuContext {
+    /// Matrix kernel layout, chosen from the adapter type (tests switch it).
+    pub matmul_layout: MatmulLayout,
     pub device: wgpu::Device,
     pub queue: wgpu::Queue,
     pub info: wgpu::AdapterInfo,
@@ -277,7 +301,13 @@ impl GpuContext {
             }
         }));
         let budget_limit = opts.budget.unwrap_or(u64::MAX);
+        let matmul_layout = if info.device_type == wgpu::DeviceType::Cpu {
+            MatmulLayout::CPU
+        } else {
+            MatmulLayout::GPU
+        };
         Ok(Self {
+            matmul_layout,
             pipelines: PipelineCache::new(),
             device,
             queue,

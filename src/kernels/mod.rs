@@ -13,8 +13,9 @@ use thiserror::Error;
 use crate::gguf::GgmlType;
 use crate::gpu::{Defines, GpuBuffer, GpuContext, GpuError};
 
-/// Rows per workgroup and threads per row of the matrix kernels.
+/// Rows per workgroup of the matrix kernels on GPUs (the fewest of any layout).
 pub const MM_ROWS_PER_WG: u32 = 4;
+/// Most threads per row of the matrix kernels.
 pub const MM_TPR: u32 = 16;
 /// Tokens per workgroup of the prefill matrix kernel.
 pub const MM_PREFILL_TT: u32 = 8;
@@ -300,17 +301,25 @@ fn matmul_impl(
     io: MatmulIo,
 ) -> Result<Vec<Dispatch>, KernelError> {
     let tt = io.token_tile.max(1);
-    if tt > MM_TPR {
+    let layout = ctx.matmul_layout;
+    if layout.tpr > 1 && tt > layout.tpr {
         return Err(KernelError::Shape {
             kernel: "matmul",
-            problem: format!("token tile {tt} exceeds {MM_TPR}"),
+            problem: format!("token tile {tt} exceeds {} threads per row", layout.tpr),
         });
     }
+    let layout = ctx.matmul_layout;
     let mut defines = Defines::new()
         .flag(type_flag(w.ty))
-        .val("ROWS_PER_WG", format!("{MM_ROWS_PER_WG}u"))
-        .val("TPR", format!("{MM_TPR}u"))
+        .val("ROWS_PER_WG", format!("{}u", layout.rows_per_wg))
+        .val("TPR", format!("{}u", layout.tpr))
         .val("TT", format!("{tt}u"));
+    if layout.tpr > 1 {
+        defines = defines.flag("REDUCE");
+    }
+    if matches!(w.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) && w.cols % 8 != 0 {
+        defines = defines.flag("RAGGED");
+    }
     if io.accumulate {
         defines = defines.flag("ACC");
     }
@@ -333,7 +342,7 @@ fn matmul_impl(
             _pad: [0; 3],
         };
         let params = params_buffer(ctx, "matmul params", &p)?;
-        let grid = [n.div_ceil(MM_ROWS_PER_WG), 1, 1];
+        let grid = [n.div_ceil(layout.rows_per_wg), 1, 1];
         let mut bufs: Vec<&wgpu::Buffer> = vec![step, buf, x, y];
         if let Some(w2) = w2 {
             bufs.push(&w2.parts[i].0);
