@@ -1,0 +1,828 @@
+//! The GGUF reader against the real model and against crafted, malformed files.
+
+mod common;
+
+use flashlm::gguf::{GgmlType, GgufFile};
+
+#[test]
+fn real_model() {
+    let Some(path) = common::model_path() else {
+        return;
+    };
+    let f = GgufFile::open(&path).expect("the default model parses");
+    assert_eq!(f.version, 3);
+    assert_eq!(f.tensors.len(), 272);
+    assert_eq!(f.get_str("general.architecture").unwrap(), Some("llama"));
+    assert_eq!(f.get_u64("llama.block_count").unwrap(), Some(30));
+
+    let embd = f.tensor("token_embd.weight").expect("token_embd.weight");
+    assert_eq!(embd.ty, GgmlType::Q8_0);
+    assert_eq!(embd.dims, vec![576, 49152]);
+    assert_eq!(embd.n_bytes, 576 / 32 * 34 * 49152);
+    assert_eq!(f.tensor_data(embd).len() as u64, embd.n_bytes);
+
+    let tokens = f.get_str_array("tokenizer.ggml.tokens").unwrap().unwrap();
+    assert_eq!(tokens.len(), 49152);
+
+    let norm = f
+        .tensor("blk.0.attn_norm.weight")
+        .expect("blk.0.attn_norm.weight");
+    assert_eq!(norm.ty, GgmlType::F32);
+    assert_eq!(norm.dims, vec![576]);
+    let w = f.dequantize_tensor(norm);
+    assert_eq!(w.len(), 576);
+    assert!(w.iter().all(|v| v.is_finite()));
+    assert!(w.iter().any(|&v| v != 0.0));
+
+    // Every tensor is one of the model's three types, and a row of each decodes to finite values.
+    for t in &f.tensors {
+        assert!(
+            matches!(t.ty, GgmlType::Q4_1 | GgmlType::Q8_0 | GgmlType::F32),
+            "{}",
+            t.name
+        );
+        let row = f.dequantize_row(t, t.n_rows() - 1).unwrap();
+        assert!(row.iter().all(|v| v.is_finite()), "{}", t.name);
+    }
+    // The embedding row of a token matches the same row of the whole-tensor decode.
+    let row = f.dequantize_row(embd, 1000).unwrap();
+    let all = f.dequantize_tensor(embd);
+    assert_eq!(row, all[576 * 1000..576 * 1001]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Crafted files
+
+use flashlm::gguf::writer::GgufBytes;
+use flashlm::gguf::{GgufError, GgufWriter, MetaValue, value_type};
+
+const F32: u32 = 0;
+const Q4_1: u32 = 3;
+const Q6_K: u32 = 14;
+
+/// A GGUF header with the given counts.
+fn header(version: u32, n_tensors: u64, n_kv: u64) -> Vec<u8> {
+    let mut b = b"GGUF".to_vec();
+    b.put_u32(version);
+    b.put_u64(n_tensors);
+    b.put_u64(n_kv);
+    b
+}
+
+/// A `key | type | value` metadata pair with a raw value.
+fn kv(b: &mut Vec<u8>, key: &str, ty: u32, value: &[u8]) {
+    b.put_str(key);
+    b.put_u32(ty);
+    b.extend_from_slice(value);
+}
+
+/// A tensor info with whatever dims, type id and offset are given.
+fn info(b: &mut Vec<u8>, name: &str, dims: &[u64], ty: u32, offset: u64) {
+    b.put_str(name);
+    b.put_u32(dims.len() as u32);
+    for &d in dims {
+        b.put_u64(d);
+    }
+    b.put_u32(ty);
+    b.put_u64(offset);
+}
+
+/// Pads to `alignment` and appends `data_len` bytes of tensor data.
+fn with_data(mut b: Vec<u8>, alignment: usize, data_len: usize) -> Vec<u8> {
+    b.resize(b.len().next_multiple_of(alignment), 0);
+    b.extend((0..data_len).map(|i| i as u8));
+    b
+}
+
+/// A file with one tensor and no metadata, followed by `data_len` bytes of data.
+fn one_tensor(dims: &[u64], ty: u32, offset: u64, data_len: usize) -> Vec<u8> {
+    let mut b = header(3, 1, 0);
+    info(&mut b, "t", dims, ty, offset);
+    with_data(b, 32, data_len)
+}
+
+/// A file with no tensors and one metadata pair.
+fn one_kv(key: &str, ty: u32, value: &[u8]) -> Vec<u8> {
+    let mut b = header(3, 0, 1);
+    kv(&mut b, key, ty, value);
+    with_data(b, 32, 0)
+}
+
+fn parse_err(bytes: Vec<u8>) -> GgufError {
+    GgufFile::from_bytes(bytes).expect_err("a malformed file must not parse")
+}
+
+/// A small valid file: a few kinds of metadata and two tensors, the last one ending the file.
+fn small_valid() -> Vec<u8> {
+    let mut w = GgufWriter::new();
+    w.meta("general.architecture", MetaValue::String("llama".into()))
+        .meta("llama.block_count", MetaValue::U32(1))
+        .meta("eps", MetaValue::F32(1e-5))
+        .meta(
+            "tokens",
+            MetaValue::Array(vec![
+                MetaValue::String("<s>".into()),
+                MetaValue::String("x".into()),
+            ]),
+        )
+        .meta(
+            "ids",
+            MetaValue::Array(vec![MetaValue::I32(-1), MetaValue::I32(2)]),
+        );
+    let q: Vec<f32> = (0..32).map(|i| i as f32 / 8.0 - 2.0).collect();
+    w.tensor_f32("q", &[32], GgmlType::Q8_0, &q).tensor_f32(
+        "w",
+        &[4, 2],
+        GgmlType::F32,
+        &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0],
+    );
+    w.to_bytes()
+}
+
+#[test]
+fn small_valid_file_parses() {
+    let bytes = small_valid();
+    let f = GgufFile::from_bytes(bytes.clone()).unwrap();
+    assert_eq!(f.tensors.len(), 2);
+    let w = f.tensor("w").unwrap();
+    // The last tensor ends exactly at the end of the file, so every shorter prefix is invalid.
+    assert_eq!(w.offset + w.n_bytes, bytes.len() as u64);
+    assert_eq!(
+        f.dequantize_tensor(w),
+        (1..=8).map(|i| i as f32).collect::<Vec<_>>()
+    );
+    assert_eq!(f.get_i64_array("ids").unwrap(), Some(vec![-1, 2]));
+}
+
+#[test]
+fn bad_magic() {
+    let mut b = small_valid();
+    b[3] = b'G';
+    assert!(matches!(parse_err(b), GgufError::BadMagic { found } if found == *b"GGUG"));
+    assert!(matches!(
+        parse_err(b"GGML\x01\x00\x00\x00".to_vec()),
+        GgufError::BadMagic { .. }
+    ));
+}
+
+#[test]
+fn unsupported_versions() {
+    for version in [0, 1, 4, u32::MAX, 0x0300_0000] {
+        let mut b = small_valid();
+        b[4..8].copy_from_slice(&version.to_le_bytes());
+        assert!(
+            matches!(parse_err(b), GgufError::UnsupportedVersion { version: v } if v == version),
+            "version {version}"
+        );
+    }
+    let mut b = small_valid();
+    b[4..8].copy_from_slice(&2u32.to_le_bytes());
+    assert_eq!(GgufFile::from_bytes(b).unwrap().version, 2);
+}
+
+#[test]
+fn truncation_at_every_prefix() {
+    let bytes = small_valid();
+    let f = GgufFile::from_bytes(bytes.clone()).unwrap();
+    let data_offset = f.data_offset as usize;
+    // The end of the tensor infos: padding follows up to the data section.
+    let header_end = {
+        // The last tensor info: name "w" (u64 length 1), n_dims, 2 dims, type, offset.
+        let name = [1, 0, 0, 0, 0, 0, 0, 0, b'w'];
+        let at = bytes.windows(name.len()).rposition(|w| w == name).unwrap();
+        at + name.len() + 4 + 2 * 8 + 4 + 8
+    };
+    assert!(
+        header_end < data_offset,
+        "the test file has padding before its data"
+    );
+    for cut in 0..bytes.len() {
+        let prefix = bytes[..cut].to_vec();
+        let err = match GgufFile::from_bytes(prefix) {
+            Ok(_) => panic!("a {cut}-byte prefix of a {}-byte file parsed", bytes.len()),
+            Err(e) => e,
+        };
+        let ok = match cut {
+            // Inside the fixed header: a plain short read.
+            0..24 => matches!(err, GgufError::Truncated { len, .. } if len == cut as u64),
+            // Inside metadata or tensor infos: a short read, or a count that no longer fits.
+            _ if cut < header_end => matches!(
+                err,
+                GgufError::Truncated { len, .. } | GgufError::CountTooLarge { len, .. }
+                    if len == cut as u64
+            ),
+            // Inside the padding before the data section.
+            _ if cut < data_offset => matches!(
+                err,
+                GgufError::Truncated { ref field, len, .. }
+                    if len == cut as u64 && field.contains("padding")
+            ),
+            // Inside the tensor data.
+            _ => matches!(err, GgufError::TensorOutOfBounds { data_len, .. }
+                if data_len == (cut - data_offset) as u64),
+        };
+        assert!(ok, "prefix of {cut} bytes: unexpected {err:?}");
+    }
+}
+
+#[test]
+fn huge_counts() {
+    for count in [u64::MAX, 1 << 40, 1 << 20] {
+        let err = parse_err(header(3, count, 0));
+        assert!(
+            matches!(err, GgufError::CountTooLarge { ref field, offset: 8, count: c, len: 24 }
+                if field == "tensor_count" && c == count),
+            "{err:?}"
+        );
+        let err = parse_err(header(3, 0, count));
+        assert!(
+            matches!(err, GgufError::CountTooLarge { ref field, offset: 16, count: c, .. }
+                if field == "kv_count" && c == count),
+            "{err:?}"
+        );
+    }
+    // Counts that fit the file's size but not what is left once metadata has been read.
+    let mut b = header(3, 2, 1);
+    kv(&mut b, "k", value_type::STRING, &{
+        let mut v = Vec::new();
+        v.put_str(&"x".repeat(64));
+        v
+    });
+    assert!(
+        matches!(parse_err(b), GgufError::CountTooLarge { ref field, .. } if field == "tensor_count")
+    );
+}
+
+#[test]
+fn string_length_past_end() {
+    // A key that claims more bytes than the file has.
+    let mut b = header(3, 0, 1);
+    b.put_u64(1000);
+    b.extend_from_slice(b"abcdefgh");
+    assert!(
+        matches!(parse_err(b), GgufError::Truncated { ref field, offset: 32, needed: 1000, .. }
+            if field == "metadata key #0"),
+    );
+    // A string value with a length of 2^64 - 1.
+    let mut v = Vec::new();
+    v.put_u64(u64::MAX);
+    v.extend_from_slice(&[b'a'; 16]);
+    let err = parse_err(one_kv("name", value_type::STRING, &v));
+    assert!(
+        matches!(err, GgufError::Truncated { ref field, needed: u64::MAX, .. } if field.contains("\"name\"")),
+        "{err:?}"
+    );
+    // A tensor name running past the end.
+    let mut b = header(3, 1, 0);
+    b.put_u64(40);
+    b.extend_from_slice(&[b'n'; 32]);
+    assert!(
+        matches!(parse_err(b), GgufError::Truncated { ref field, .. } if field.contains("tensor #0 name"))
+    );
+}
+
+#[test]
+fn huge_array_counts() {
+    for (elem, count) in [
+        (value_type::UINT8, u64::MAX),
+        (value_type::UINT8, 1 << 30),
+        (value_type::STRING, 1 << 62),
+        (value_type::STRING, u64::MAX / 4),
+        (value_type::ARRAY, u64::MAX / 8),
+        (value_type::FLOAT64, 100),
+    ] {
+        let mut v = Vec::new();
+        v.put_u32(elem);
+        v.put_u64(count);
+        v.extend_from_slice(&[0u8; 64]);
+        let err = parse_err(one_kv("arr", value_type::ARRAY, &v));
+        assert!(
+            matches!(err, GgufError::CountTooLarge { ref field, count: c, offset: 43, .. }
+                if field.contains("\"arr\" array count") && c == count),
+            "{elem} x {count}: {err:?}"
+        );
+    }
+}
+
+#[test]
+fn unknown_value_types() {
+    for ty in [13, 14, 255, u32::MAX] {
+        let err = parse_err(one_kv("k", ty, &[0u8; 16]));
+        assert!(
+            matches!(err, GgufError::UnknownValueType { ref key, offset: 33, ty: t } if key == "k" && t == ty),
+            "{err:?}"
+        );
+    }
+    // As an array element type.
+    let mut v = Vec::new();
+    v.put_u32(77);
+    v.put_u64(1);
+    v.extend_from_slice(&[0u8; 16]);
+    let err = parse_err(one_kv("k", value_type::ARRAY, &v));
+    assert!(
+        matches!(
+            err,
+            GgufError::UnknownValueType {
+                ty: 77,
+                offset: 37,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn nested_arrays() {
+    // One level of nesting is read.
+    let mut v = Vec::new();
+    v.put_u32(value_type::ARRAY);
+    v.put_u64(1);
+    v.put_u32(value_type::UINT16);
+    v.put_u64(2);
+    v.extend_from_slice(&[1, 0, 2, 0]);
+    let f = GgufFile::from_bytes(one_kv("k", value_type::ARRAY, &v)).unwrap();
+    assert_eq!(
+        f.get("k"),
+        Some(&MetaValue::Array(vec![MetaValue::Array(vec![
+            MetaValue::U16(1),
+            MetaValue::U16(2)
+        ])]))
+    );
+    // Two levels are not.
+    let mut v = Vec::new();
+    v.put_u32(value_type::ARRAY);
+    v.put_u64(1);
+    v.put_u32(value_type::ARRAY);
+    v.put_u64(0);
+    v.extend_from_slice(&[0u8; 16]);
+    let err = parse_err(one_kv("k", value_type::ARRAY, &v));
+    assert!(
+        matches!(err, GgufError::NestedArray { offset: 49, .. }),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn unknown_tensor_types() {
+    for ty in [4, 5, 31, 32, 33, 36, 37, 38, 40, 1000, u32::MAX] {
+        let err = parse_err(one_tensor(&[32], ty, 0, 128));
+        assert!(
+            matches!(err, GgufError::UnknownTensorType { ref name, ty: t, offset: 45 } if name == "t" && t == ty),
+            "{ty}: {err:?}"
+        );
+    }
+}
+
+#[test]
+fn known_unsupported_tensor_types() {
+    let err = parse_err(one_tensor(&[256], Q6_K, 0, 256));
+    assert!(
+        matches!(
+            err,
+            GgufError::UnsupportedTensorType {
+                ty: "Q6_K",
+                offset: 45,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("Q6_K"), "{err}");
+    for (id, name) in [
+        (6, "Q5_0"),
+        (12, "Q4_K"),
+        (16, "IQ2_XXS"),
+        (28, "F64"),
+        (39, "MXFP4"),
+    ] {
+        let err = parse_err(one_tensor(&[256], id, 0, 1024));
+        assert!(
+            matches!(err, GgufError::UnsupportedTensorType { ty, .. } if ty == name),
+            "{err:?}"
+        );
+    }
+}
+
+#[test]
+fn bad_dimension_counts() {
+    for dims in [&[][..], &[1, 1, 1, 1, 1][..]] {
+        let err = parse_err(one_tensor(dims, F32, 0, 64));
+        assert!(
+            matches!(err, GgufError::BadDimCount { n_dims, offset: 33, .. } if n_dims as usize == dims.len()),
+            "{err:?}"
+        );
+    }
+    // A count of 2^32 - 1 is rejected before any dimension is read.
+    let mut b = header(3, 1, 0);
+    b.put_str("t");
+    b.put_u32(u32::MAX);
+    let b = with_data(b, 32, 64);
+    assert!(matches!(
+        parse_err(b),
+        GgufError::BadDimCount {
+            n_dims: u32::MAX,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn zero_dimension() {
+    let err = parse_err(one_tensor(&[4, 0, 2], F32, 0, 64));
+    assert!(
+        matches!(
+            err,
+            GgufError::ZeroDimension {
+                dim: 1,
+                offset: 45,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn size_overflows() {
+    // Element count overflows u64.
+    let err = parse_err(one_tensor(&[1 << 40, 1 << 40], F32, 0, 64));
+    assert!(
+        matches!(err, GgufError::SizeOverflow { offset: 37, .. }),
+        "{err:?}"
+    );
+    // Element count past i64::MAX.
+    let err = parse_err(one_tensor(&[1 << 32, 1 << 31], F32, 0, 64));
+    assert!(matches!(err, GgufError::SizeOverflow { .. }), "{err:?}");
+    // Element count fits (2^62) but the byte size (2^64) does not.
+    let err = parse_err(one_tensor(&[1 << 31, 1 << 31], F32, 0, 64));
+    assert!(matches!(err, GgufError::SizeOverflow { .. }), "{err:?}");
+    // Four large dimensions.
+    let err = parse_err(one_tensor(&[1 << 16; 4], F32, 0, 64));
+    assert!(matches!(err, GgufError::SizeOverflow { .. }), "{err:?}");
+}
+
+#[test]
+fn tensor_out_of_bounds() {
+    // 8 floats (32 bytes) but only 16 bytes of data.
+    let err = parse_err(one_tensor(&[8], F32, 0, 16));
+    assert!(
+        matches!(
+            err,
+            GgufError::TensorOutOfBounds {
+                start: 0,
+                end: 32,
+                data_len: 16,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    // Offset far past the end.
+    let err = parse_err(one_tensor(&[8], F32, 1 << 40, 64));
+    assert!(
+        matches!(
+            err,
+            GgufError::TensorOutOfBounds {
+                start: 1099511627776,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    // Offset + size overflows u64.
+    let err = parse_err(one_tensor(&[8], F32, u64::MAX - 31, 64));
+    assert!(
+        matches!(err, GgufError::TensorOutOfBounds { end: u64::MAX, .. }),
+        "{err:?}"
+    );
+    // A large, valid-looking tensor in a small file.
+    let err = parse_err(one_tensor(&[4096, 4096], F32, 0, 64));
+    assert!(
+        matches!(err, GgufError::TensorOutOfBounds { .. }),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn misaligned_offset() {
+    let err = parse_err(one_tensor(&[8], F32, 4, 64));
+    assert!(
+        matches!(
+            err,
+            GgufError::Misaligned {
+                offset: 4,
+                alignment: 32,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    // The same offset is fine with an alignment of 4.
+    let mut b = header(3, 1, 1);
+    kv(
+        &mut b,
+        "general.alignment",
+        value_type::UINT32,
+        &4u32.to_le_bytes(),
+    );
+    info(&mut b, "t", &[8], F32, 4);
+    let f = GgufFile::from_bytes(with_data(b, 4, 36)).unwrap();
+    assert_eq!(f.alignment, 4);
+    assert_eq!(f.tensors[0].offset, f.data_offset + 4);
+}
+
+#[test]
+fn overlapping_tensors() {
+    for (a_dims, a_off, b_dims, b_off) in [
+        (&[8u64][..], 0u64, &[8u64][..], 0u64),
+        (&[16][..], 0, &[8][..], 32),
+        // Listed out of order: the later offset comes first in the table.
+        (&[8][..], 64, &[32][..], 0),
+    ] {
+        let mut b = header(3, 2, 0);
+        info(&mut b, "a", a_dims, F32, a_off);
+        info(&mut b, "b", b_dims, F32, b_off);
+        let err = parse_err(with_data(b, 32, 256));
+        assert!(
+            matches!(err, GgufError::OverlappingTensors { .. }),
+            "{err:?}"
+        );
+    }
+    // Adjacent tensors do not overlap.
+    let mut b = header(3, 2, 0);
+    info(&mut b, "a", &[8], F32, 32);
+    info(&mut b, "b", &[8], F32, 0);
+    let f = GgufFile::from_bytes(with_data(b, 32, 64)).unwrap();
+    assert_eq!(f.tensors.len(), 2);
+}
+
+#[test]
+fn bad_alignments() {
+    for value in [0u32, 3, 48, 1 << 17, u32::MAX] {
+        let err = parse_err(one_kv(
+            "general.alignment",
+            value_type::UINT32,
+            &value.to_le_bytes(),
+        ));
+        assert!(
+            matches!(err, GgufError::BadAlignment { value: v, offset: 53 } if v == u64::from(value)),
+            "{value}: {err:?}"
+        );
+    }
+    // Negative, and of a non-integer type.
+    let err = parse_err(one_kv(
+        "general.alignment",
+        value_type::INT32,
+        &(-32i32).to_le_bytes(),
+    ));
+    assert!(matches!(err, GgufError::BadMetadata { .. }), "{err:?}");
+    let err = parse_err(one_kv(
+        "general.alignment",
+        value_type::FLOAT32,
+        &32f32.to_le_bytes(),
+    ));
+    assert!(matches!(err, GgufError::BadMetadata { .. }), "{err:?}");
+    // Any unsigned type is accepted, and sets where the data section starts.
+    let mut b = header(3, 0, 1);
+    kv(
+        &mut b,
+        "general.alignment",
+        value_type::UINT64,
+        &128u64.to_le_bytes(),
+    );
+    let short = with_data(b.clone(), 64, 0);
+    assert!(matches!(
+        parse_err(short),
+        GgufError::Truncated {
+            offset: 61,
+            needed: 67,
+            ..
+        }
+    ));
+    assert_eq!(
+        GgufFile::from_bytes(with_data(b, 128, 0))
+            .unwrap()
+            .data_offset,
+        128
+    );
+    let mut b = header(3, 0, 1);
+    kv(
+        &mut b,
+        "general.alignment",
+        value_type::UINT16,
+        &64u16.to_le_bytes(),
+    );
+    assert_eq!(
+        GgufFile::from_bytes(with_data(b, 64, 0)).unwrap().alignment,
+        64
+    );
+}
+
+#[test]
+fn duplicate_key() {
+    let mut b = header(3, 0, 3);
+    kv(&mut b, "a", value_type::UINT8, &[1]);
+    kv(&mut b, "b", value_type::UINT8, &[2]);
+    kv(&mut b, "a", value_type::UINT32, &[3, 0, 0, 0]);
+    let err = parse_err(with_data(b, 32, 0));
+    assert!(
+        matches!(err, GgufError::DuplicateKey { ref key, offset: 52 } if key == "a"),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn duplicate_tensor_name() {
+    let mut b = header(3, 2, 0);
+    info(&mut b, "t", &[8], F32, 0);
+    info(&mut b, "t", &[8], F32, 32);
+    let err = parse_err(with_data(b, 32, 64));
+    assert!(
+        matches!(err, GgufError::DuplicateTensor { ref name, offset: 57 } if name == "t"),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn row_not_a_whole_number_of_blocks() {
+    let err = parse_err(one_tensor(&[33, 2], Q4_1, 0, 256));
+    assert!(
+        matches!(
+            err,
+            GgufError::BadBlockShape {
+                ty: "Q4_1",
+                ne0: 33,
+                block: 32,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    // Rows of 32 but 33 rows is fine: only the row length matters.
+    let f = GgufFile::from_bytes(one_tensor(&[32, 33], Q4_1, 0, 33 * 20)).unwrap();
+    assert_eq!(f.tensors[0].n_bytes, 660);
+}
+
+#[test]
+fn invalid_utf8() {
+    // In a key.
+    let mut b = header(3, 0, 1);
+    b.put_u64(3);
+    b.extend_from_slice(&[b'a', 0xFF, b'b']);
+    b.put_u32(value_type::UINT8);
+    b.push(0);
+    let err = parse_err(with_data(b, 32, 0));
+    assert!(
+        matches!(err, GgufError::InvalidUtf8 { ref field, offset: 24 } if field == "metadata key #0"),
+        "{err:?}"
+    );
+    // In a string value (a truncated multi-byte sequence).
+    let mut v = Vec::new();
+    v.put_u64(2);
+    v.extend_from_slice(&[b'a', 0xC3]);
+    let err = parse_err(one_kv("k", value_type::STRING, &v));
+    assert!(
+        matches!(err, GgufError::InvalidUtf8 { offset: 37, .. }),
+        "{err:?}"
+    );
+    // In a tensor name.
+    let mut b = header(3, 1, 0);
+    b.put_u64(2);
+    b.extend_from_slice(&[0xED, 0xA0]);
+    b.put_u32(1);
+    b.put_u64(8);
+    b.put_u32(F32);
+    b.put_u64(0);
+    let err = parse_err(with_data(b, 32, 32));
+    assert!(
+        matches!(err, GgufError::InvalidUtf8 { ref field, .. } if field == "tensor #0 name"),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn open_errors_and_files_on_disk() {
+    let dir = std::env::temp_dir().join(format!("flashlm-gguf-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let missing = dir.join("missing.gguf");
+    assert!(matches!(
+        GgufFile::open(&missing),
+        Err(GgufError::Io { .. })
+    ));
+    let empty = dir.join("empty.gguf");
+    std::fs::write(&empty, b"").unwrap();
+    assert!(matches!(
+        GgufFile::open(&empty),
+        Err(GgufError::Truncated { .. })
+    ));
+    let valid = dir.join("valid.gguf");
+    std::fs::write(&valid, small_valid()).unwrap();
+    let f = GgufFile::open(&valid).unwrap();
+    assert_eq!(f.bytes(), &small_valid()[..]);
+    assert_eq!(f.dequantize_tensor(f.tensor("w").unwrap())[7], 8.0);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fuzzing
+
+/// xorshift64*: a tiny deterministic generator.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+/// Parses, and when that succeeds uses everything the parser vouched for.
+fn parse_and_use(bytes: Vec<u8>) {
+    let Ok(f) = GgufFile::from_bytes(bytes) else {
+        return;
+    };
+    for key in &f.metadata_order {
+        let _ = f.get_u64(key);
+        let _ = f.get_f32(key);
+        let _ = f.get_bool(key);
+        let _ = f.get_str(key);
+        let _ = f.get_str_array(key);
+        let _ = f.get_f32_array(key);
+        let _ = f.get_i64_array(key);
+    }
+    for t in &f.tensors {
+        assert!(t.offset >= f.data_offset && t.offset + t.n_bytes <= f.file_len);
+        assert_eq!(f.tensor_data(t).len() as u64, t.n_bytes);
+        let v = f.dequantize_tensor(t);
+        assert_eq!(v.len() as u64, t.n_elements);
+        let _ = f.dequantize_row(t, t.n_rows() - 1);
+    }
+}
+
+#[test]
+fn random_byte_flips_never_panic() {
+    let seeds = [small_valid(), {
+        // A second seed file with an explicit alignment and more varied metadata.
+        let mut w = GgufWriter::new();
+        w.meta("general.alignment", MetaValue::U32(16))
+            .meta("b", MetaValue::Bool(true))
+            .meta("f", MetaValue::F64(0.5))
+            .meta(
+                "nested",
+                MetaValue::Array(vec![MetaValue::Array(vec![MetaValue::I8(-1)])]),
+            )
+            .tensor_f32("x", &[32, 1], GgmlType::Q4_0, &[0.25; 32])
+            .tensor_f32("y", &[2, 2], GgmlType::BF16, &[1.0, 2.0, 3.0, 4.0])
+            .tensor_f32("z", &[2], GgmlType::F16, &[1.0, -1.0]);
+        w.to_bytes()
+    }];
+    let interesting: [u64; 8] = [0, 1, 2, 0x7F, 0xFF, 1 << 32, u64::MAX, u64::MAX / 2];
+    let mut rng = Rng(0x5EED_F00D_1234_5678);
+    let mut parsed = 0;
+    for round in 0..4000 {
+        let seed = &seeds[round % seeds.len()];
+        let mut b = seed.clone();
+        for _ in 0..1 + rng.below(4) {
+            let at = rng.below(b.len());
+            match rng.below(4) {
+                // A random byte.
+                0 => b[at] = rng.next() as u8,
+                // A single bit.
+                1 => b[at] ^= 1 << rng.below(8),
+                // An interesting little-endian u64 (counts, lengths, offsets, dims).
+                2 => {
+                    let v = interesting[rng.below(interesting.len())].to_le_bytes();
+                    for (dst, src) in b[at..].iter_mut().zip(v) {
+                        *dst = src;
+                    }
+                }
+                // An interesting u32 (type ids, n_dims).
+                _ => {
+                    let v = (rng.below(48) as u32).to_le_bytes();
+                    for (dst, src) in b[at..].iter_mut().zip(v) {
+                        *dst = src;
+                    }
+                }
+            }
+        }
+        if rng.below(8) == 0 {
+            let len = rng.below(b.len() + 1);
+            b.truncate(len);
+        }
+        let copy = b.clone();
+        if std::panic::catch_unwind(move || parse_and_use(b)).is_err() {
+            panic!("round {round}: the reader panicked on {copy:02x?}");
+        }
+        parsed += usize::from(GgufFile::from_bytes(copy).is_ok());
+    }
+    // Flips in tensor data and in metadata values leave valid files: the loop exercised both.
+    assert!(
+        parsed > 100 && parsed < 3900,
+        "{parsed} of 4000 mutated files parsed"
+    );
+}
