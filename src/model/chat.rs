@@ -441,6 +441,44 @@ mod tests {
     }
 
     #[test]
+    fn from_gguf_falls_back_to_chatml() {
+        use crate::gguf::MetaValue;
+        use crate::gguf::writer::GgufWriter;
+        let tokens = ["<unk>", "<s>", "</s>"];
+        let mut w = GgufWriter::new();
+        w.meta(
+            "tokenizer.ggml.tokens",
+            MetaValue::Array(
+                tokens
+                    .iter()
+                    .map(|t| MetaValue::String(t.to_string()))
+                    .collect(),
+            ),
+        );
+        w.meta("tokenizer.ggml.bos_token_id", MetaValue::U32(1));
+        w.meta("tokenizer.ggml.eos_token_id", MetaValue::U32(2));
+        let g = GgufFile::from_bytes(w.to_bytes()).unwrap();
+        let t = ChatTemplate::from_gguf(&g).unwrap();
+        assert_eq!(t.source(), CHATML_TEMPLATE);
+        assert_eq!((t.bos_token(), t.eos_token()), ("<s>", "</s>"));
+        assert_eq!(
+            t.render(&[ChatMessage::user("Hi")], true).unwrap(),
+            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+        );
+
+        w.meta(
+            "tokenizer.chat_template",
+            MetaValue::String("{{ bos_token }}{{ messages[0].content }}{{ eos_token }}".into()),
+        );
+        let g = GgufFile::from_bytes(w.to_bytes()).unwrap();
+        let t = ChatTemplate::from_gguf(&g).unwrap();
+        assert_eq!(
+            t.render(&[ChatMessage::user("x")], false).unwrap(),
+            "<s>x</s>"
+        );
+    }
+
+    #[test]
     fn syntax_errors_are_reported() {
         let err = ChatTemplate::new("{% for x in %}", "", "").unwrap_err();
         assert!(matches!(err, ChatError::Syntax(_)));

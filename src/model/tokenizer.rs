@@ -249,6 +249,8 @@ pub struct Tokenizer {
     add_space_prefix: bool,
     /// Llama-3 style: a piece that is a whole token is used as is, without merging.
     ignore_merges: bool,
+    /// The GPT-2 byte table (BPE).
+    byte_chars: [char; 256],
     cache: Mutex<HashMap<String, Vec<u32>>>,
 }
 
@@ -668,24 +670,13 @@ impl Tokenizer {
             add_bos: data.add_bos.unwrap_or(add_bos_default),
             add_space_prefix: data.add_space_prefix.unwrap_or(add_space_default),
             ignore_merges: pre == PreTokenizer::Llama3,
+            byte_chars: byte_to_char,
             cache: Mutex::new(HashMap::new()),
         })
     }
 
     /// Reads the tokenizer from a GGUF file's `tokenizer.*` metadata.
     pub fn from_gguf(gguf: &GgufFile) -> Result<Self, TokenizerError> {
-        let id = |key: &'static str| -> Result<Option<u32>, TokenizerError> {
-            match gguf.get_u64(key)? {
-                None => Ok(None),
-                Some(v) => u32::try_from(v)
-                    .map(Some)
-                    .map_err(|_| TokenizerError::BadSpecialId {
-                        key,
-                        id: v,
-                        n_vocab: 0,
-                    }),
-            }
-        };
         let model = gguf
             .get_str("tokenizer.ggml.model")?
             .ok_or(TokenizerError::MissingKey("tokenizer.ggml.model"))?
@@ -696,6 +687,19 @@ impl Tokenizer {
             .into_iter()
             .map(str::to_string)
             .collect();
+        let n_vocab = tokens.len();
+        let id = |key: &'static str| -> Result<Option<u32>, TokenizerError> {
+            match gguf.get_u64(key)? {
+                None => Ok(None),
+                Some(v) => u32::try_from(v)
+                    .map(Some)
+                    .map_err(|_| TokenizerError::BadSpecialId {
+                        key,
+                        id: v,
+                        n_vocab,
+                    }),
+            }
+        };
         let merges = gguf
             .get_str_array("tokenizer.ggml.merges")?
             .map(|m| m.into_iter().map(str::to_string).collect());
@@ -914,8 +918,7 @@ impl Tokenizer {
     /// first among equals.
     fn bpe_merge(&self, bytes: &[u8], out: &mut Vec<u32>) {
         if self.ignore_merges {
-            let map = gpt2_byte_to_char();
-            let mapped: String = bytes.iter().map(|&b| map[b as usize]).collect();
+            let mapped: String = bytes.iter().map(|&b| self.byte_chars[b as usize]).collect();
             if let Some(&id) = self.token_to_id.get(&mapped) {
                 out.push(id);
                 return;
@@ -1188,6 +1191,7 @@ impl<'a> StreamDecoder<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gguf::MetaValue;
 
     fn split_all(pre: PreTokenizer, text: &str) -> Vec<String> {
         let re = Regex::new(pre.pattern()).unwrap();
@@ -1201,6 +1205,12 @@ mod tests {
             _ => split_with_regex(&re, nl, text, &mut push),
         }
         out
+    }
+
+    #[test]
+    fn tokenizer_is_shareable() {
+        fn check<T: Send + Sync>() {}
+        check::<Tokenizer>();
     }
 
     #[test]
@@ -1495,6 +1505,91 @@ mod tests {
         let ids = t.encode("<s>hello", true);
         assert_eq!(ids.iter().filter(|&&i| i == 1).count(), 1);
         assert!(t.is_end_of_generation(2));
+    }
+
+    /// `data` as a tensor-less GGUF file (the special ids are left out).
+    fn spm_gguf(data: &TokenizerData, extra: &[(&str, MetaValue)]) -> GgufFile {
+        use crate::gguf::writer::GgufWriter;
+        let mut w = GgufWriter::new();
+        w.meta(
+            "tokenizer.ggml.model",
+            MetaValue::String(data.model.clone()),
+        );
+        w.meta(
+            "tokenizer.ggml.tokens",
+            MetaValue::Array(data.tokens.iter().cloned().map(MetaValue::String).collect()),
+        );
+        if let Some(types) = &data.token_types {
+            w.meta(
+                "tokenizer.ggml.token_type",
+                MetaValue::Array(types.iter().map(|&t| MetaValue::I32(t as i32)).collect()),
+            );
+        }
+        if let Some(scores) = &data.scores {
+            w.meta(
+                "tokenizer.ggml.scores",
+                MetaValue::Array(scores.iter().map(|&s| MetaValue::F32(s)).collect()),
+            );
+        }
+        for (k, v) in extra {
+            w.meta(k, v.clone());
+        }
+        GgufFile::from_bytes(w.to_bytes()).unwrap()
+    }
+
+    #[test]
+    fn spm_from_gguf_uses_defaults() {
+        let g = spm_gguf(&tiny_spm(), &[]);
+        let t = Tokenizer::from_gguf(&g).unwrap();
+        assert_eq!(t.model(), TokenizerModel::SentencePiece);
+        assert_eq!(
+            (t.unk_id(), t.bos_id(), t.eos_id()),
+            (Some(0), Some(1), Some(2))
+        );
+        assert!(t.add_bos() && t.add_space_prefix());
+        let plain = Tokenizer::new(tiny_spm()).unwrap();
+        assert_eq!(
+            t.encode("hello world", false),
+            plain.encode("hello world", false)
+        );
+
+        let g = spm_gguf(
+            &tiny_spm(),
+            &[
+                ("tokenizer.ggml.add_bos_token", MetaValue::Bool(false)),
+                ("tokenizer.ggml.eos_token_id", MetaValue::U32(5)),
+            ],
+        );
+        let t = Tokenizer::from_gguf(&g).unwrap();
+        assert!(!t.add_bos());
+        assert_eq!(t.eos_id(), Some(5));
+
+        let g = spm_gguf(
+            &tiny_spm(),
+            &[("tokenizer.ggml.bos_token_id", MetaValue::U64(1 << 40))],
+        );
+        assert!(matches!(
+            Tokenizer::from_gguf(&g),
+            Err(TokenizerError::BadSpecialId { .. })
+        ));
+        let mut d = tiny_spm();
+        d.model = "t5".into();
+        let e = Tokenizer::from_gguf(&spm_gguf(&d, &[])).unwrap_err();
+        assert!(
+            matches!(e, TokenizerError::UnsupportedModel(ref m) if m == "t5"),
+            "{e}"
+        );
+        let mut d = tiny_spm();
+        d.model = "gpt2".into();
+        assert!(matches!(
+            Tokenizer::from_gguf(&spm_gguf(&d, &[])),
+            Err(TokenizerError::MissingKey("tokenizer.ggml.merges"))
+        ));
+        let g = GgufFile::from_bytes(crate::gguf::writer::GgufWriter::new().to_bytes()).unwrap();
+        assert!(matches!(
+            Tokenizer::from_gguf(&g),
+            Err(TokenizerError::MissingKey("tokenizer.ggml.model"))
+        ));
     }
 
     #[test]
