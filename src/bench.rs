@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::engine::{Engine, EngineError, EngineOptions};
+use crate::engine::{Engine, EngineOptions};
 use crate::gguf::GgufFile;
 use crate::model::tokenizer::Tokenizer;
 use crate::sampling::{Sampler, SamplerParams};
@@ -87,7 +87,7 @@ pub fn resident(
     runs: usize,
 ) -> Result<ResidentReport, Box<dyn std::error::Error>> {
     let mut engine = Engine::new(gguf, opts)?;
-    let mut prompt = tokenizer.encode(BENCH_TEXT, false)?;
+    let mut prompt = tokenizer.encode(BENCH_TEXT, false);
     prompt.truncate(64);
     let n_gen = 64;
     let (mut pre, mut dec, mut ttft) = (Vec::new(), Vec::new(), Vec::new());
@@ -140,4 +140,3 @@ pub fn resident(
         peak_device_bytes: engine.ctx.budget.peak(),
     })
 }
-

@@ -11,7 +11,7 @@ use crate::gguf::GgufFile;
 use crate::gpu::GpuOptions;
 use crate::model::chat::{ChatMessage, ChatTemplate};
 use crate::model::config::ModelConfig;
-use crate::model::tokenizer::{StreamDecoder, Tokenizer};
+use crate::model::tokenizer::Tokenizer;
 use crate::paths;
 use crate::sampling::{Sampler, SamplerParams};
 
@@ -209,6 +209,7 @@ fn engine_options(cli: &Cli, m: &ModelArgs) -> EngineOptions {
             backend: cli.backend.clone(),
             adapter: cli.adapter.clone(),
             budget: None,
+            matmul_layout: None,
         },
         ctx: m.ctx,
         ..Default::default()
@@ -257,7 +258,12 @@ pub fn main_with(cli: Cli) -> CliResult<()> {
 fn info(path: &Path) -> CliResult<()> {
     let m = load_model(path)?;
     let g = &m.gguf;
-    println!("file: {} ({} bytes, GGUF v{})", path.display(), g.file_len, g.version);
+    println!(
+        "file: {} ({} bytes, GGUF v{})",
+        path.display(),
+        g.file_len,
+        g.version
+    );
     if let Ok(Some(name)) = g.get_str("general.name") {
         println!("name: {name}");
     }
@@ -270,14 +276,30 @@ fn info(path: &Path) -> CliResult<()> {
     }
     println!("tensors: {}", g.tensors.len());
     for (ty, (n, bytes)) in by_type {
-        println!("  {ty:>5}: {n:4} tensors, {:10.2} MiB", bytes as f64 / 1048576.0);
+        println!(
+            "  {ty:>5}: {n:4} tensors, {:10.2} MiB",
+            bytes as f64 / 1048576.0
+        );
     }
     let tk = &m.tokenizer;
-    println!("tokenizer: {}", tk.describe());
+    println!(
+        "tokenizer: {:?} (pre-tokenizer {:?}), {} tokens, bos {:?} eos {:?}, add_bos {}, end-of-generation ids {:?}",
+        tk.model(),
+        tk.pre_tokenizer(),
+        tk.n_vocab(),
+        tk.bos_id(),
+        tk.eos_id(),
+        tk.add_bos(),
+        tk.eog_ids()
+    );
     let tpl = ChatTemplate::from_gguf(g).is_ok();
     println!(
         "chat template: {}",
-        if g.get_str("tokenizer.chat_template").ok().flatten().is_some() {
+        if g.get_str("tokenizer.chat_template")
+            .ok()
+            .flatten()
+            .is_some()
+        {
             "from the file"
         } else if tpl {
             "ChatML (default)"
@@ -311,25 +333,22 @@ fn run(cli: &Cli, a: &RunArgs) -> CliResult<()> {
     a.sample.check()?;
     let path = resolve_model(&a.model.model)?;
     let m = load_model(&path)?;
-    let mut prompt_ids = m.tokenizer.encode(&a.prompt, false)?;
-    if m.tokenizer.add_bos() {
-        prompt_ids.insert(0, m.tokenizer.bos_id());
-    }
+    let prompt_ids = m.tokenizer.encode(&a.prompt, false);
     if prompt_ids.is_empty() {
         return Err("the prompt is empty after tokenization".into());
     }
     let mut engine = Engine::new(m.gguf.clone(), &engine_options(cli, &a.model))?;
     let mut sampler = Sampler::new(a.sample.params());
-    let mut dec = StreamDecoder::new();
-    let stdout = std::io::stdout();
     let tk = &m.tokenizer;
+    let mut dec = tk.stream_decoder(true);
+    let stdout = std::io::stdout();
     let (generated, stats) = engine.generate(
         &prompt_ids,
         a.n,
         &mut sampler,
         |id| tk.is_end_of_generation(id),
         |id| {
-            if let Ok(s) = dec.push(tk, id, true) {
+            if let Ok(s) = dec.push(id) {
                 let mut out = stdout.lock();
                 let _ = out.write_all(s.as_bytes());
                 let _ = out.flush();
@@ -337,6 +356,7 @@ fn run(cli: &Cli, a: &RunArgs) -> CliResult<()> {
             true
         },
     )?;
+    print!("{}", dec.finish());
     println!();
     print_stats(&engine, &stats);
     if let Some(p) = &a.stats_json {
@@ -377,7 +397,10 @@ fn chat(cli: &Cli, a: &ChatArgs) -> CliResult<()> {
     let mut cached: Vec<u32> = Vec::new();
     eprintln!(
         "flashlm chat: {} on {} — type a message, Ctrl-D to quit.",
-        m.path.file_name().and_then(|s| s.to_str()).unwrap_or("model"),
+        m.path
+            .file_name()
+            .and_then(|s| s.to_str())
+            .unwrap_or("model"),
         engine.ctx.describe()
     );
     let stdin = std::io::stdin();
@@ -395,10 +418,7 @@ fn chat(cli: &Cli, a: &ChatArgs) -> CliResult<()> {
         }
         messages.push(ChatMessage::new("user", text));
         let rendered = template.render(&messages, true)?;
-        let mut ids = tk.encode(&rendered, true)?;
-        if tk.add_bos() && !rendered.starts_with(tk.token_text(tk.bos_id()).unwrap_or("")) {
-            ids.insert(0, tk.bos_id());
-        }
+        let mut ids = tk.encode(&rendered, true);
         if ids.len() + a.n > engine.max_ctx() {
             eprintln!(
                 "[the conversation ({} tokens) no longer fits the context of {}: starting over]",
@@ -408,7 +428,7 @@ fn chat(cli: &Cli, a: &ChatArgs) -> CliResult<()> {
             messages.retain(|m| m.role == "system");
             messages.push(ChatMessage::new("user", text));
             let rendered = template.render(&messages, true)?;
-            ids = tk.encode(&rendered, true)?;
+            ids = tk.encode(&rendered, true);
             engine.reset();
             cached.clear();
         }
@@ -418,7 +438,7 @@ fn chat(cli: &Cli, a: &ChatArgs) -> CliResult<()> {
         engine.truncate(common);
         cached.truncate(common);
         let new = &ids[common..];
-        let mut dec = StreamDecoder::new();
+        let mut dec = tk.stream_decoder(true);
         let stdout = std::io::stdout();
         let max_new = a.n.min(engine.max_ctx().saturating_sub(ids.len()));
         let (reply, stats) = engine.generate(
@@ -428,7 +448,7 @@ fn chat(cli: &Cli, a: &ChatArgs) -> CliResult<()> {
             |id| tk.is_end_of_generation(id),
             |id| {
                 if !tk.is_end_of_generation(id)
-                    && let Ok(s) = dec.push(tk, id, true)
+                    && let Ok(s) = dec.push(id)
                 {
                     let mut out = stdout.lock();
                     let _ = out.write_all(s.as_bytes());
@@ -437,6 +457,7 @@ fn chat(cli: &Cli, a: &ChatArgs) -> CliResult<()> {
                 true
             },
         )?;
+        print!("{}", dec.finish());
         println!();
         cached.extend_from_slice(new);
         // The last sampled token was not fed to the engine.

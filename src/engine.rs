@@ -276,13 +276,13 @@ impl Engine {
         )?);
         ctx.wait()?;
         log::info!(
-            "loaded {} layers, {} bytes of weights in {:.2?}; {} pipelines",
+            "uploaded {} layers, {} bytes of weights in {:.2?}; {} pipelines",
             cfg.n_layers,
             load_bytes,
             t0.elapsed(),
             ctx.pipelines.len()
         );
-        Ok(Self {
+        let mut engine = Self {
             ctx,
             cfg,
             gguf,
@@ -299,8 +299,22 @@ impl Engine {
             ubatch,
             flash_bytes: 0,
             load_bytes,
-            load_time: t0.elapsed(),
-        })
+            load_time: Duration::ZERO,
+        };
+        engine.warm_up()?;
+        engine.load_time = t0.elapsed();
+        Ok(engine)
+    }
+
+    /// Run both dispatch lists once so drivers finish compiling before the first real token.
+    fn warm_up(&mut self) -> Result<(), EngineError> {
+        let n = 2.min(self.max_ctx);
+        self.forward(&vec![0; n])?;
+        self.reset();
+        self.forward(&[0])?;
+        self.reset();
+        self.flash_bytes = 0;
+        Ok(())
     }
 
     /// Tokens currently in the KV cache.
@@ -383,7 +397,8 @@ impl Engine {
             pos0: pos0 as u32,
             _pad: [0; 2],
         };
-        self.ctx.write(&self.bufs.step, 0, bytemuck::bytes_of(&step));
+        self.ctx
+            .write(&self.bufs.step, 0, bytemuck::bytes_of(&step));
         self.ctx.write(&self.bufs.x, 0, f32_bytes(&x));
         let cs = kernels::rope_table(
             pos0 as u32,
@@ -407,13 +422,7 @@ impl Engine {
         kernels::record_all(&mut enc, plan, t as u32);
         if want_logits {
             let row = (n_embd * 4) as u64;
-            enc.copy_buffer_to_buffer(
-                &self.bufs.x,
-                (t as u64 - 1) * row,
-                &self.bufs.last,
-                0,
-                row,
-            );
+            enc.copy_buffer_to_buffer(&self.bufs.x, (t as u64 - 1) * row, &self.bufs.last, 0, row);
             kernels::record_all(&mut enc, &self.logits_plan, 1);
             enc.copy_buffer_to_buffer(
                 &self.bufs.logits,
@@ -516,21 +525,47 @@ fn build_layers_plan(
             0,
             0,
         )?);
-        plan.extend(kernels::matmul(ctx, &b.step, &l.wq, &b.xn, &b.q, io(n_embd, q_dim))?);
+        plan.extend(kernels::matmul(
+            ctx,
+            &b.step,
+            &l.wq,
+            &b.xn,
+            &b.q,
+            io(n_embd, q_dim),
+        )?);
         let at_pos = MatmulIo {
             y_at_pos: true,
             ..io(n_embd, kv_dim)
         };
-        plan.extend(kernels::matmul(ctx, &b.step, &l.wk, &b.xn, &l.k_cache, at_pos)?);
-        plan.extend(kernels::matmul(ctx, &b.step, &l.wv, &b.xn, &l.v_cache, at_pos)?);
+        plan.extend(kernels::matmul(
+            ctx, &b.step, &l.wk, &b.xn, &l.k_cache, at_pos,
+        )?);
+        plan.extend(kernels::matmul(
+            ctx, &b.step, &l.wv, &b.xn, &l.v_cache, at_pos,
+        )?);
         if let Some([bq, bk, bv]) = &l.bias {
-            plan.push(kernels::add_bias(ctx, &b.step, bq, &b.q, q_dim, q_dim, false)?);
-            plan.push(kernels::add_bias(ctx, &b.step, bk, &l.k_cache, kv_dim, kv_dim, true)?);
-            plan.push(kernels::add_bias(ctx, &b.step, bv, &l.v_cache, kv_dim, kv_dim, true)?);
+            plan.push(kernels::add_bias(
+                ctx, &b.step, bq, &b.q, q_dim, q_dim, false,
+            )?);
+            plan.push(kernels::add_bias(
+                ctx, &b.step, bk, &l.k_cache, kv_dim, kv_dim, true,
+            )?);
+            plan.push(kernels::add_bias(
+                ctx, &b.step, bv, &l.v_cache, kv_dim, kv_dim, true,
+            )?);
         }
         let rope_dim = cfg.rope_dim as u32;
         plan.push(kernels::rope(
-            ctx, &b.step, &b.rope_cs, &b.q, cfg.n_heads as u32, hd, rope_dim, q_dim, false, neox,
+            ctx,
+            &b.step,
+            &b.rope_cs,
+            &b.q,
+            cfg.n_heads as u32,
+            hd,
+            rope_dim,
+            q_dim,
+            false,
+            neox,
         )?);
         plan.push(kernels::rope(
             ctx,
@@ -621,7 +656,8 @@ impl Engine {
             pos0: 0,
             _pad: [0; 2],
         };
-        self.ctx.write(&self.bufs.step, 0, bytemuck::bytes_of(&step));
+        self.ctx
+            .write(&self.bufs.step, 0, bytemuck::bytes_of(&step));
         self.ctx.wait()?;
         let t0 = Instant::now();
         let mut enc = self.ctx.device.create_command_encoder(&Default::default());

@@ -5,8 +5,10 @@
 //! weights parsed by [`gguf`] through [`flash`]. [`model`] holds the config, the tokenizer and the
 //! CPU reference forward pass that the tests use as an oracle.
 
-pub mod gguf;
+pub mod bench;
+pub mod cli;
 pub mod engine;
+pub mod gguf;
 pub mod gpu;
 pub mod kernels;
 pub mod model;

@@ -17,7 +17,9 @@ pub fn cache_dir() -> PathBuf {
     if let Some(p) = std::env::var_os("XDG_CACHE_HOME") {
         return PathBuf::from(p).join("flashlm");
     }
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("."));
     home.join(".cache").join("flashlm")
 }
 

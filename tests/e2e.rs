@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use flashlm::engine::{Engine, EngineOptions};
 use flashlm::gguf::{GgmlType, GgufFile};
+use flashlm::gpu::{GpuOptions, MatmulLayout};
 use flashlm::model::config::ModelConfig;
 use flashlm::model::reference::CpuModel;
 use flashlm::model::synthetic::{SyntheticSpec, synthetic_llama};
@@ -38,13 +39,15 @@ fn argmax(v: &[f32]) -> usize {
 
 #[test]
 fn real_model_greedy_ids_and_logits_match_cpu() {
-    let Some(path) = common::model_path() else { return };
+    let Some(path) = common::model_path() else {
+        return;
+    };
     if common::gpu().is_none() {
         return;
     }
     let gguf = Arc::new(GgufFile::open(&path).unwrap());
     let tk = Tokenizer::from_gguf(&gguf).unwrap();
-    let prompt = tk.encode("The capital of France is", false).unwrap();
+    let prompt = tk.encode("The capital of France is", false);
     assert_eq!(prompt, vec![504, 3575, 282, 4649, 314]);
 
     let mut engine = Engine::new(gguf.clone(), &EngineOptions::default()).unwrap();
@@ -108,10 +111,20 @@ fn synthetic_models_every_type_gpu_matches_cpu() {
         let gguf = synthetic(ty, 100 + i as u64);
         let cfg = ModelConfig::from_gguf(&gguf).unwrap();
         let cpu = CpuModel::from_gguf(&gguf, &cfg).unwrap();
+        // Alternate the two matrix-kernel layouts across types.
+        let layout = if i % 2 == 0 {
+            MatmulLayout::CPU
+        } else {
+            MatmulLayout::GPU
+        };
         let mut engine = Engine::new(
             gguf.clone(),
             &EngineOptions {
                 ubatch: 8,
+                gpu: GpuOptions {
+                    matmul_layout: Some(layout),
+                    ..Default::default()
+                },
                 ..Default::default()
             },
         )

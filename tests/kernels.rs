@@ -8,7 +8,7 @@ mod common;
 
 use common::Rng;
 use flashlm::gguf::{GgmlType, quant};
-use flashlm::gpu::GpuContext;
+use flashlm::gpu::{GpuContext, MatmulLayout};
 use flashlm::kernels::{self, MatmulIo, Step};
 use flashlm::model::config::RopeStyle;
 use flashlm::model::reference::ops;
@@ -59,7 +59,15 @@ fn weights(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> (Vec<u8>, V
     (bytes, deq)
 }
 
-fn check_matmul(y: &[f32], w: &[f32], x: &[f32], rows: usize, cols: usize, base: &[f32], what: &str) {
+fn check_matmul(
+    y: &[f32],
+    w: &[f32],
+    x: &[f32],
+    rows: usize,
+    cols: usize,
+    base: &[f32],
+    what: &str,
+) {
     let t_count = x.len() / cols;
     for t in 0..t_count {
         let xt = &x[t * cols..(t + 1) * cols];
@@ -79,9 +87,13 @@ fn check_matmul(y: &[f32], w: &[f32], x: &[f32], rows: usize, cols: usize, base:
 
 #[test]
 fn matmul_every_type_odd_sizes() {
-    let Some(ctx) = common::gpu() else { return };
+    let Some(mut ctx) = common::gpu() else { return };
     let mut rng = Rng(7);
-    for ty in TYPES {
+    for (ty, layout) in TYPES
+        .into_iter()
+        .flat_map(|t| [(t, MatmulLayout::CPU), (t, MatmulLayout::GPU)])
+    {
+        ctx.matmul_layout = layout;
         let float = matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
         // Rows never a multiple of the 4 rows per workgroup; float types with ragged columns.
         let shapes: &[(usize, usize)] = if float {
@@ -91,7 +103,8 @@ fn matmul_every_type_odd_sizes() {
         };
         for &(rows, cols) in shapes {
             let (bytes, deq) = weights(&mut rng, ty, rows, cols);
-            let gw = kernels::upload_weight(&ctx, "w", ty, rows as u32, cols as u32, &bytes).unwrap();
+            let gw =
+                kernels::upload_weight(&ctx, "w", ty, rows as u32, cols as u32, &bytes).unwrap();
             for (t_count, tt) in [(1usize, 1u32), (3, 8), (13, 8), (9, 1)] {
                 let x = rng.vec(t_count * cols, 1.0);
                 let xb = ctx.storage_with("x", f32s(&x)).unwrap();
@@ -110,8 +123,17 @@ fn matmul_every_type_odd_sizes() {
                     run(&ctx, &list, t_count as u32);
                     let y = ctx.read_f32(&yb, t_count * rows).unwrap();
                     let zero = vec![0f32; t_count * rows];
-                    let what = format!("{ty:?} {rows}x{cols} T={t_count} tt={tt} acc={acc}");
-                    check_matmul(&y, &deq, &x, rows, cols, if acc { &base } else { &zero }, &what);
+                    let what =
+                        format!("{ty:?} {layout:?} {rows}x{cols} T={t_count} tt={tt} acc={acc}");
+                    check_matmul(
+                        &y,
+                        &deq,
+                        &x,
+                        rows,
+                        cols,
+                        if acc { &base } else { &zero },
+                        &what,
+                    );
                 }
             }
         }
@@ -120,9 +142,13 @@ fn matmul_every_type_odd_sizes() {
 
 #[test]
 fn matmul_swiglu_matches_reference() {
-    let Some(ctx) = common::gpu() else { return };
+    let Some(mut ctx) = common::gpu() else { return };
     let mut rng = Rng(11);
-    for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::F16] {
+    for (ty, layout) in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::F16]
+        .into_iter()
+        .flat_map(|t| [(t, MatmulLayout::CPU), (t, MatmulLayout::GPU)])
+    {
+        ctx.matmul_layout = layout;
         let (rows, cols, t_count) = (45usize, 96usize, 5usize);
         let (bg, dg) = weights(&mut rng, ty, rows, cols);
         let (bu, du) = weights(&mut rng, ty, rows, cols);
@@ -144,10 +170,18 @@ fn matmul_swiglu_matches_reference() {
             let y = ctx.read_f32(&yb, t_count * rows).unwrap();
             for t in 0..t_count {
                 let xt = &x[t * cols..(t + 1) * cols];
-                let want = ops::swiglu(&ops::matvec(&dg, rows, cols, xt), &ops::matvec(&du, rows, cols, xt));
+                let want = ops::swiglu(
+                    &ops::matvec(&dg, rows, cols, xt),
+                    &ops::matvec(&du, rows, cols, xt),
+                );
                 for r in 0..rows {
                     let tol = 1e-4 * want[r].abs().max(1.0) * (cols as f32).sqrt();
-                    assert!((y[t * rows + r] - want[r]).abs() <= tol, "{ty:?} tt={tt} t={t} r={r}: {} vs {}", y[t * rows + r], want[r]);
+                    assert!(
+                        (y[t * rows + r] - want[r]).abs() <= tol,
+                        "{ty:?} tt={tt} t={t} r={r}: {} vs {}",
+                        y[t * rows + r],
+                        want[r]
+                    );
                 }
             }
         }
@@ -167,20 +201,39 @@ fn matmul_split_into_parts_and_written_at_position() {
     // Build the split weight by hand: parts of 10, 10 and 3 rows.
     let mut parts = Vec::new();
     for (r0, n) in [(0usize, 10usize), (10, 10), (20, 3)] {
-        let buf = ctx.storage_with("part", &bytes[r0 * rb..(r0 + n) * rb]).unwrap();
+        let buf = ctx
+            .storage_with("part", &bytes[r0 * rb..(r0 + n) * rb])
+            .unwrap();
         parts.push((buf, r0 as u32, n as u32));
     }
-    let gw = kernels::GpuWeight { ty, rows: rows as u32, cols: cols as u32, row_bytes: rb as u32, parts };
+    let gw = kernels::GpuWeight {
+        ty,
+        rows: rows as u32,
+        cols: cols as u32,
+        row_bytes: rb as u32,
+        parts,
+    };
     let x = rng.vec(t_count * cols, 1.0);
     let xb = ctx.storage_with("x", f32s(&x)).unwrap();
-    let yb = ctx.storage("y", ((pos0 + t_count) * rows * 4) as u64).unwrap();
+    let yb = ctx
+        .storage("y", ((pos0 + t_count) * rows * 4) as u64)
+        .unwrap();
     let step = step_buffer(&ctx, t_count as u32, pos0 as u32);
-    let io = MatmulIo { x_stride: cols as u32, y_stride: rows as u32, y_at_pos: true, token_tile: 8, ..Default::default() };
+    let io = MatmulIo {
+        x_stride: cols as u32,
+        y_stride: rows as u32,
+        y_at_pos: true,
+        token_tile: 8,
+        ..Default::default()
+    };
     let list = kernels::matmul(&ctx, &step, &gw, &xb, &yb, io).unwrap();
     assert_eq!(list.len(), 3);
     run(&ctx, &list, t_count as u32);
     let y = ctx.read_f32(&yb, (pos0 + t_count) * rows).unwrap();
-    assert!(y[..pos0 * rows].iter().all(|&v| v == 0.0), "rows before pos0 untouched");
+    assert!(
+        y[..pos0 * rows].iter().all(|&v| v == 0.0),
+        "rows before pos0 untouched"
+    );
     let zero = vec![0f32; t_count * rows];
     check_matmul(&y[pos0 * rows..], &deq, &x, rows, cols, &zero, "split");
 }
@@ -203,7 +256,10 @@ fn rmsnorm_matches_reference() {
             let want = ops::rmsnorm(&x[t * n..(t + 1) * n], &w, 1e-5);
             let mag = want.iter().fold(0f32, |a, v| a.max(v.abs()));
             for i in 0..n {
-                assert!((y[t * n + i] - want[i]).abs() <= 1e-4 * mag + 1e-5, "n={n} t={t} i={i}");
+                assert!(
+                    (y[t * n + i] - want[i]).abs() <= 1e-4 * mag + 1e-5,
+                    "n={n} t={t} i={i}"
+                );
             }
         }
     }
@@ -214,9 +270,11 @@ fn rope_matches_reference_both_styles() {
     let Some(ctx) = common::gpu() else { return };
     let mut rng = Rng(9);
     for style in [RopeStyle::Normal, RopeStyle::Neox] {
-        for (n_heads, head_dim, rope_dim, t_count, pos0) in
-            [(3usize, 64usize, 64usize, 4usize, 0usize), (5, 10, 6, 3, 17), (1, 128, 128, 1, 4000)]
-        {
+        for (n_heads, head_dim, rope_dim, t_count, pos0) in [
+            (3usize, 64usize, 64usize, 4usize, 0usize),
+            (5, 10, 6, 3, 17),
+            (1, 128, 128, 1, 4000),
+        ] {
             let stride = n_heads * head_dim;
             let x = rng.vec(t_count * stride, 1.0);
             let xb = ctx.storage_with("x", f32s(&x)).unwrap();
@@ -225,17 +283,39 @@ fn rope_matches_reference_both_styles() {
             let csb = ctx.storage_with("cs", f32s(&cs)).unwrap();
             let step = step_buffer(&ctx, t_count as u32, pos0 as u32);
             let d = kernels::rope(
-                &ctx, &step, &csb, &xb, n_heads as u32, head_dim as u32, rope_dim as u32,
-                stride as u32, false, style == RopeStyle::Neox,
+                &ctx,
+                &step,
+                &csb,
+                &xb,
+                n_heads as u32,
+                head_dim as u32,
+                rope_dim as u32,
+                stride as u32,
+                false,
+                style == RopeStyle::Neox,
             )
             .unwrap();
             run(&ctx, &[d], t_count as u32);
             let y = ctx.read_f32(&xb, t_count * stride).unwrap();
             for t in 0..t_count {
                 let mut want = x[t * stride..(t + 1) * stride].to_vec();
-                ops::rope_inplace(&mut want, n_heads, head_dim, rope_dim, pos0 + t, base, style);
+                ops::rope_inplace(
+                    &mut want,
+                    n_heads,
+                    head_dim,
+                    rope_dim,
+                    pos0 + t,
+                    base,
+                    style,
+                );
                 for i in 0..stride {
-                    assert!((y[t * stride + i] - want[i]).abs() <= 1e-4, "{style:?} cfg=({n_heads},{head_dim},{rope_dim},{pos0}) t={t} i={i}: {} vs {} (x {})", y[t * stride + i], want[i], x[t * stride + i]);
+                    assert!(
+                        (y[t * stride + i] - want[i]).abs() <= 1e-4,
+                        "{style:?} cfg=({n_heads},{head_dim},{rope_dim},{pos0}) t={t} i={i}: {} vs {} (x {})",
+                        y[t * stride + i],
+                        want[i],
+                        x[t * stride + i]
+                    );
                 }
             }
         }
@@ -264,7 +344,10 @@ fn attention_matches_reference_gqa_causal() {
         let vb = ctx.storage_with("v", f32s(&vc)).unwrap();
         let ob = ctx.storage("o", (t_count * nh * hd * 4) as u64).unwrap();
         let step = step_buffer(&ctx, t_count as u32, pos0 as u32);
-        let d = kernels::attention(&ctx, &step, &qb, &kb, &vb, &ob, nh as u32, nkv as u32, hd as u32).unwrap();
+        let d = kernels::attention(
+            &ctx, &step, &qb, &kb, &vb, &ob, nh as u32, nkv as u32, hd as u32,
+        )
+        .unwrap();
         run(&ctx, &[d], t_count as u32);
         let o = ctx.read_f32(&ob, t_count * nh * hd).unwrap();
         for t in 0..t_count {
@@ -280,7 +363,11 @@ fn attention_matches_reference_gqa_causal() {
             );
             for i in 0..nh * hd {
                 let g = o[t * nh * hd + i];
-                assert!((g - want[i]).abs() <= 1e-4 * want[i].abs().max(1.0), "nh={nh} hd={hd} t={t} i={i}: {g} vs {}", want[i]);
+                assert!(
+                    (g - want[i]).abs() <= 1e-4 * want[i].abs().max(1.0),
+                    "nh={nh} hd={hd} t={t} i={i}: {g} vs {}",
+                    want[i]
+                );
             }
         }
     }

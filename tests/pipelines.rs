@@ -23,17 +23,30 @@ fn all_shader_variants_compile() {
             }
         }
     }
-    ctx.pipelines.get(&ctx.device, "rmsnorm", "main", &Defines::new()).unwrap();
-    ctx.pipelines.get(&ctx.device, "rope", "main", &Defines::new()).unwrap();
+    ctx.pipelines
+        .get(&ctx.device, "rmsnorm", "main", &Defines::new())
+        .unwrap();
+    ctx.pipelines
+        .get(&ctx.device, "rope", "main", &Defines::new())
+        .unwrap();
     for dpt in [1, 2, 4] {
         ctx.pipelines
-            .get(&ctx.device, "attention", "main", &Defines::new().val("DPT", format!("{dpt}u")))
+            .get(
+                &ctx.device,
+                "attention",
+                "main",
+                &Defines::new().val("DPT", format!("{dpt}u")),
+            )
             .unwrap();
     }
-    ctx.pipelines.get(&ctx.device, "elementwise", "add_bias", &Defines::new()).unwrap();
+    ctx.pipelines
+        .get(&ctx.device, "elementwise", "add_bias", &Defines::new())
+        .unwrap();
     // Cached: asking again compiles nothing new.
     let n = ctx.pipelines.len();
-    ctx.pipelines.get(&ctx.device, "rmsnorm", "main", &Defines::new()).unwrap();
+    ctx.pipelines
+        .get(&ctx.device, "rmsnorm", "main", &Defines::new())
+        .unwrap();
     assert_eq!(ctx.pipelines.len(), n);
     ctx.check().unwrap();
 }

@@ -44,7 +44,11 @@ pub enum GpuError {
     #[error(
         "buffer {label} of {size} bytes exceeds the adapter's limit of {limit} bytes per buffer"
     )]
-    BufferTooLarge { label: String, size: u64, limit: u64 },
+    BufferTooLarge {
+        label: String,
+        size: u64,
+        limit: u64,
+    },
 }
 
 /// Counts device bytes: current use, peak and the budget.
@@ -132,6 +136,8 @@ pub struct GpuOptions {
     pub adapter: Option<String>,
     /// Device-memory budget in bytes; `None` means what the adapter allows.
     pub budget: Option<u64>,
+    /// Matrix kernel layout; `None` picks one from the adapter type.
+    pub matmul_layout: Option<MatmulLayout>,
 }
 
 /// Parse a backend list such as "vulkan", "gl" or "vulkan,metal".
@@ -301,7 +307,9 @@ impl GpuContext {
             }
         }));
         let budget_limit = opts.budget.unwrap_or(u64::MAX);
-        let matmul_layout = if info.device_type == wgpu::DeviceType::Cpu {
+        let matmul_layout = if let Some(l) = opts.matmul_layout {
+            l
+        } else if info.device_type == wgpu::DeviceType::Cpu {
             MatmulLayout::CPU
         } else {
             MatmulLayout::GPU
@@ -330,7 +338,9 @@ impl GpuContext {
 
     /// Largest storage buffer binding the device allows.
     pub fn max_binding(&self) -> u64 {
-        (self.limits.max_storage_buffer_binding_size as u64).min(self.limits.max_buffer_size)
+        self.limits
+            .max_storage_buffer_binding_size
+            .min(self.limits.max_buffer_size)
     }
 
     /// Allocate a buffer, counted against the budget.
@@ -368,7 +378,9 @@ impl GpuContext {
         let buf = self.buffer(
             label,
             data.len() as u64,
-            wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
+            wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_DST
+                | wgpu::BufferUsages::COPY_SRC,
         )?;
         self.write(&buf, 0, data);
         Ok(buf)
@@ -379,7 +391,9 @@ impl GpuContext {
         self.buffer(
             label,
             size,
-            wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
+            wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_DST
+                | wgpu::BufferUsages::COPY_SRC,
         )
     }
 
@@ -388,7 +402,7 @@ impl GpuContext {
         if data.is_empty() {
             return;
         }
-        if data.len() % 4 == 0 {
+        if data.len().is_multiple_of(4) {
             self.queue.write_buffer(buf, offset, data);
         } else {
             let mut v = data.to_vec();

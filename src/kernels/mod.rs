@@ -128,8 +128,14 @@ pub fn upload_weight(
         problem,
     };
     let rb = row_bytes(ty, cols).ok_or_else(|| shape(format!("{label}: row size overflows")))?;
-    if ty != GgmlType::F32 && ty != GgmlType::F16 && ty != GgmlType::BF16 && cols % 32 != 0 {
-        return Err(shape(format!("{label}: {cols} columns is not a multiple of 32")));
+    if ty != GgmlType::F32
+        && ty != GgmlType::F16
+        && ty != GgmlType::BF16
+        && !cols.is_multiple_of(32)
+    {
+        return Err(shape(format!(
+            "{label}: {cols} columns is not a multiple of 32"
+        )));
     }
     if data.len() as u64 != rows as u64 * rb as u64 {
         return Err(shape(format!(
@@ -317,7 +323,7 @@ fn matmul_impl(
     if layout.tpr > 1 {
         defines = defines.flag("REDUCE");
     }
-    if matches!(w.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) && w.cols % 8 != 0 {
+    if matches!(w.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) && !w.cols.is_multiple_of(8) {
         defines = defines.flag("RAGGED");
     }
     if io.accumulate {
@@ -357,7 +363,13 @@ fn matmul_impl(
             grid[1] = io.n_tokens.div_ceil(tt);
         }
         out.push(make_dispatch(
-            ctx, "matmul", pipeline.clone(), params, &bufs, grid, axis,
+            ctx,
+            "matmul",
+            pipeline.clone(),
+            params,
+            &bufs,
+            grid,
+            axis,
         ));
     }
     Ok(out)
@@ -444,7 +456,7 @@ pub fn rope(
     at_pos: bool,
     neox: bool,
 ) -> Result<Dispatch, KernelError> {
-    if rope_dim % 2 != 0 || rope_dim > head_dim {
+    if !rope_dim.is_multiple_of(2) || rope_dim > head_dim {
         return Err(KernelError::Shape {
             kernel: "rope",
             problem: format!("rope dim {rope_dim} must be even and at most head dim {head_dim}"),
@@ -502,7 +514,7 @@ pub fn attention(
     n_kv_heads: u32,
     head_dim: u32,
 ) -> Result<Dispatch, KernelError> {
-    if n_kv_heads == 0 || n_heads % n_kv_heads != 0 {
+    if n_kv_heads == 0 || !n_heads.is_multiple_of(n_kv_heads) {
         return Err(KernelError::Shape {
             kernel: "attention",
             problem: format!("{n_heads} heads are not a multiple of {n_kv_heads} KV heads"),

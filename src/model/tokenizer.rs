@@ -552,7 +552,7 @@ impl Tokenizer {
                 }
                 let missing = byte_ids.iter().filter(|x| x.is_none()).count();
                 if missing > 0 {
-                    log::warn!(
+                    log::info!(
                         "byte-level BPE vocabulary lacks {missing} of the 256 byte tokens; \
                          such bytes encode to the unknown token"
                     );

@@ -5,7 +5,9 @@ use std::path::PathBuf;
 
 /// True when running under CI (`CI=true`): missing prerequisites fail instead of skipping.
 pub fn in_ci() -> bool {
-    std::env::var("CI").map(|v| v == "true" || v == "1").unwrap_or(false)
+    std::env::var("CI")
+        .map(|v| v == "true" || v == "1")
+        .unwrap_or(false)
 }
 
 /// The real default model, or `None` (with a note) when it is absent outside CI.
