@@ -2,6 +2,7 @@
 //! buffer, the pipeline cache, and blocking readback.
 
 pub mod pipeline;
+pub mod staging;
 
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -365,6 +366,35 @@ impl GpuContext {
             size,
             usage,
             mapped_at_creation: false,
+        });
+        Ok(GpuBuffer {
+            buffer,
+            size,
+            budget: self.budget.clone(),
+        })
+    }
+
+    /// A buffer created mapped (for staging), counted against the budget.
+    pub fn buffer_mapped(
+        &self,
+        label: &str,
+        size: u64,
+        usage: wgpu::BufferUsages,
+    ) -> Result<GpuBuffer, GpuError> {
+        let size = size.max(16).div_ceil(16) * 16;
+        if size > self.limits.max_buffer_size {
+            return Err(GpuError::BufferTooLarge {
+                label: label.to_string(),
+                size,
+                limit: self.limits.max_buffer_size,
+            });
+        }
+        self.budget.reserve(label, size)?;
+        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage,
+            mapped_at_creation: true,
         });
         Ok(GpuBuffer {
             buffer,

@@ -1,0 +1,299 @@
+//! The staging ring: N host-visible buffers (MAP_WRITE | COPY_SRC) used round-robin to move
+//! file bytes into device buffers.
+//!
+//! Each slot cycles Mapped → (source writes into the mapped memory) → unmapped, copy submitted →
+//! Pending (map requested again) → Mapped once the copy has run. Every chunk is its own small
+//! submission, so writes never pile up unsubmitted. A failed map or a failed read ends the
+//! upload with an error; the ring stays usable and releases every byte when dropped.
+
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use thiserror::Error;
+
+use super::{GpuBuffer, GpuContext, GpuError};
+
+/// Something that can fill a buffer with the bytes at a file offset.
+pub trait ChunkSource {
+    fn read_into(
+        &self,
+        offset: u64,
+        dst: &mut [u8],
+    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>>;
+}
+
+/// A plain byte slice as a source (tests, data already in memory).
+impl ChunkSource for [u8] {
+    fn read_into(
+        &self,
+        offset: u64,
+        dst: &mut [u8],
+    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        let a = usize::try_from(offset)?;
+        let b = a
+            .checked_add(dst.len())
+            .filter(|&b| b <= self.len())
+            .ok_or("read past the end of the source")?;
+        dst.copy_from_slice(&self[a..b]);
+        Ok(())
+    }
+}
+
+#[derive(Debug, Error)]
+pub enum StagingError {
+    #[error(transparent)]
+    Gpu(#[from] GpuError),
+    #[error("reading {len} bytes at offset {offset} for upload failed: {source}")]
+    Read {
+        offset: u64,
+        len: u64,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error("upload destination range [{offset}, {end}) exceeds the buffer of {size} bytes")]
+    Destination { offset: u64, end: u64, size: u64 },
+}
+
+/// Faults the tests can inject.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// The next map request reports failure.
+    MapFailure,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum SlotState {
+    Mapped,
+    Pending,
+    /// The map request failed (`mapped`: the buffer is mapped anyway, after an injected fault).
+    Failed {
+        message: String,
+        mapped: bool,
+    },
+}
+
+struct Slot {
+    buf: GpuBuffer,
+    state: Arc<Mutex<SlotState>>,
+    submission: Option<wgpu::SubmissionIndex>,
+}
+
+/// Figures of one upload.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct UploadStats {
+    pub bytes: u64,
+    pub chunks: u32,
+    /// Seconds spent reading the source into staging memory.
+    pub read_s: f64,
+    /// Seconds spent waiting for a staging slot to come back.
+    pub wait_s: f64,
+}
+
+impl UploadStats {
+    pub fn add(&mut self, o: &UploadStats) {
+        self.bytes += o.bytes;
+        self.chunks += o.chunks;
+        self.read_s += o.read_s;
+        self.wait_s += o.wait_s;
+    }
+}
+
+/// N mapped staging buffers reused round-robin.
+pub struct StagingRing {
+    slots: Vec<Slot>,
+    chunk: u64,
+    next: usize,
+    fault: Option<Fault>,
+}
+
+impl StagingRing {
+    /// `n` slots of `chunk` bytes (rounded up to 4 KiB), counted against the device budget.
+    pub fn new(ctx: &GpuContext, n: usize, chunk: u64) -> Result<Self, GpuError> {
+        let chunk = chunk.max(4096).div_ceil(4096) * 4096;
+        let mut slots = Vec::with_capacity(n.max(1));
+        for i in 0..n.max(1) {
+            let buf = ctx.buffer_mapped(
+                &format!("staging[{i}]"),
+                chunk,
+                wgpu::BufferUsages::MAP_WRITE | wgpu::BufferUsages::COPY_SRC,
+            )?;
+            slots.push(Slot {
+                buf,
+                state: Arc::new(Mutex::new(SlotState::Mapped)),
+                submission: None,
+            });
+        }
+        Ok(Self {
+            slots,
+            chunk,
+            next: 0,
+            fault: None,
+        })
+    }
+
+    pub fn chunk_bytes(&self) -> u64 {
+        self.chunk
+    }
+
+    pub fn slots(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Bytes of device memory the ring holds.
+    pub fn device_bytes(&self) -> u64 {
+        self.slots.iter().map(|s| s.buf.size).sum()
+    }
+
+    /// Inject a fault into the next map request (tests).
+    pub fn inject(&mut self, fault: Fault) {
+        self.fault = Some(fault);
+    }
+
+    fn request_map(&mut self, i: usize) {
+        let state = self.slots[i].state.clone();
+        if let Ok(mut s) = state.lock() {
+            *s = SlotState::Pending;
+        }
+        let fail = self.fault.take() == Some(Fault::MapFailure);
+        self.slots[i]
+            .buf
+            .slice(..)
+            .map_async(wgpu::MapMode::Write, move |r| {
+                let next = match r {
+                    Ok(()) if !fail => SlotState::Mapped,
+                    Ok(()) => SlotState::Failed {
+                        message: "injected map failure".into(),
+                        mapped: true,
+                    },
+                    Err(e) => SlotState::Failed {
+                        message: e.to_string(),
+                        mapped: false,
+                    },
+                };
+                if let Ok(mut s) = state.lock() {
+                    *s = next;
+                }
+            });
+    }
+
+    fn state(&self, i: usize) -> SlotState {
+        self.slots[i]
+            .state
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or(SlotState::Failed {
+                message: "slot state lock poisoned".into(),
+                mapped: false,
+            })
+    }
+
+    /// Wait until slot `i` is mapped and writable.
+    fn acquire(&mut self, ctx: &GpuContext, i: usize) -> Result<(), StagingError> {
+        loop {
+            match self.state(i) {
+                SlotState::Mapped => return Ok(()),
+                SlotState::Failed { message, mapped } => {
+                    // Ask for the mapping again so later uploads can use the slot, and report
+                    // this one.
+                    if mapped {
+                        self.slots[i].buf.unmap();
+                    }
+                    self.request_map(i);
+                    return Err(GpuError::MapFailed(message).into());
+                }
+                SlotState::Pending => {
+                    let sub = self.slots[i].submission.clone();
+                    ctx.device
+                        .poll(wgpu::PollType::Wait {
+                            submission_index: sub,
+                            timeout: Some(std::time::Duration::from_secs(60)),
+                        })
+                        .map_err(|e| GpuError::DeviceLost(e.to_string()))?;
+                    ctx.check()?;
+                    if self.state(i) == SlotState::Pending {
+                        // The map callback runs on a later poll.
+                        ctx.device
+                            .poll(wgpu::PollType::Poll)
+                            .map_err(|e| GpuError::DeviceLost(e.to_string()))?;
+                        if self.state(i) == SlotState::Pending {
+                            std::thread::yield_now();
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Copy `len` bytes at `src_offset` of `src` into `dst` at `dst_offset` (a multiple of 4),
+    /// chunk by chunk through the ring.
+    pub fn upload(
+        &mut self,
+        ctx: &GpuContext,
+        src: &(impl ChunkSource + ?Sized),
+        src_offset: u64,
+        len: u64,
+        dst: &wgpu::Buffer,
+        dst_offset: u64,
+    ) -> Result<UploadStats, StagingError> {
+        let end = dst_offset + len.div_ceil(4) * 4;
+        if dst_offset % 4 != 0 || end > dst.size() {
+            return Err(StagingError::Destination {
+                offset: dst_offset,
+                end,
+                size: dst.size(),
+            });
+        }
+        let mut stats = UploadStats::default();
+        let mut done = 0u64;
+        while done < len {
+            let n = (len - done).min(self.chunk);
+            let i = self.next;
+            self.next = (self.next + 1) % self.slots.len();
+            let t_wait = Instant::now();
+            self.acquire(ctx, i)?;
+            stats.wait_s += t_wait.elapsed().as_secs_f64();
+            let padded = n.div_ceil(4) * 4;
+            let t_read = Instant::now();
+            let read = {
+                let slot = &self.slots[i];
+                let slice = slot.buf.slice(0..padded);
+                let mut view = slice
+                    .get_mapped_range_mut()
+                    .map_err(|e| GpuError::MapFailed(e.to_string()))?;
+                let mut w = view.slice(..);
+                let len = w.len();
+                let ptr = w.as_raw_element_ptr();
+                // SAFETY: `view` maps exactly `len` bytes, is held exclusively until this block
+                // ends, and the memory is initialized (wgpu zero-fills new buffers). Sources only
+                // write into the slice (file reads, copies), so no read of write-combined
+                // memory happens; this lets the file be read straight into staging memory.
+                let bytes: &mut [u8] = unsafe { std::slice::from_raw_parts_mut(ptr.as_ptr(), len) };
+                bytes[n as usize..].fill(0);
+                src.read_into(src_offset + done, &mut bytes[..n as usize])
+            };
+            stats.read_s += t_read.elapsed().as_secs_f64();
+            self.slots[i].buf.unmap();
+            if let Err(source) = read {
+                self.request_map(i);
+                return Err(StagingError::Read {
+                    offset: src_offset + done,
+                    len: n,
+                    source,
+                });
+            }
+            let mut enc = ctx
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("upload"),
+                });
+            enc.copy_buffer_to_buffer(&self.slots[i].buf, 0, dst, dst_offset + done, padded);
+            let sub = ctx.queue.submit([enc.finish()]);
+            self.slots[i].submission = Some(sub);
+            self.request_map(i);
+            stats.bytes += n;
+            stats.chunks += 1;
+            done += n;
+        }
+        Ok(stats)
+    }
+}
