@@ -4,8 +4,11 @@
 set -euo pipefail
 [ "$(uname -s)" = Linux ] || exit 0
 have_icd() {
-  ls /usr/share/vulkan/icd.d/*.json /etc/vulkan/icd.d/*.json /usr/local/share/vulkan/icd.d/*.json >/dev/null 2>&1 \
-    && ldconfig -p 2>/dev/null | grep -q libvulkan.so.1
+  local f found=""
+  for f in /usr/share/vulkan/icd.d/*.json /etc/vulkan/icd.d/*.json /usr/local/share/vulkan/icd.d/*.json; do
+    [ -e "$f" ] && found=1
+  done
+  [ -n "$found" ] && ldconfig -p 2>/dev/null | grep -q libvulkan.so.1
 }
 if have_icd; then
   exit 0
