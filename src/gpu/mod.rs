@@ -221,7 +221,13 @@ pub struct GpuContext {
     pub budget: Arc<DeviceBudget>,
     lost: Arc<Mutex<Option<String>>>,
     errors: Arc<Mutex<Vec<String>>>,
+    /// Bytes queued by `write` since the last submit.
+    pending_writes: AtomicU64,
 }
+
+/// Queued `write_buffer` bytes after which the queue is flushed, so writes never pile up
+/// unsubmitted.
+const MAX_PENDING_WRITES: u64 = 32 << 20;
 
 impl GpuContext {
     /// Pick an adapter and open a device.
@@ -325,6 +331,7 @@ impl GpuContext {
             budget: Arc::new(DeviceBudget::new(budget_limit)),
             lost,
             errors,
+            pending_writes: AtomicU64::new(0),
         })
     }
 
@@ -427,10 +434,29 @@ impl GpuContext {
         )
     }
 
-    /// Queue a write; pads the tail to a multiple of 4 bytes.
+    /// Submit queued writes and wait for them.
+    pub fn flush(&self) -> Result<(), GpuError> {
+        self.pending_writes.store(0, Ordering::Relaxed);
+        self.queue.submit([]);
+        self.wait()
+    }
+
+    /// Queue a write; pads the tail to a multiple of 4 bytes. Large totals are flushed.
     pub fn write(&self, buf: &wgpu::Buffer, offset: u64, data: &[u8]) {
         if data.is_empty() {
             return;
+        }
+        let pending = self
+            .pending_writes
+            .fetch_add(data.len() as u64, Ordering::Relaxed)
+            + data.len() as u64;
+        if pending > MAX_PENDING_WRITES {
+            self.pending_writes.store(0, Ordering::Relaxed);
+            self.queue.submit([]);
+            let _ = self.device.poll(wgpu::PollType::Wait {
+                submission_index: None,
+                timeout: None,
+            });
         }
         if data.len().is_multiple_of(4) {
             self.queue.write_buffer(buf, offset, data);

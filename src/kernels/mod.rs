@@ -306,6 +306,44 @@ fn matmul_impl(
     y: &wgpu::Buffer,
     io: MatmulIo,
 ) -> Result<Vec<Dispatch>, KernelError> {
+    let mut out = Vec::with_capacity(w.parts.len());
+    for (i, (buf, r0, n)) in w.parts.iter().enumerate() {
+        let part = WeightPart {
+            ty: w.ty,
+            cols: w.cols,
+            row_bytes: w.row_bytes,
+            buffer: buf,
+            first_row: *r0,
+            rows: *n,
+        };
+        let second = w2.map(|w2| &*w2.parts[i].0);
+        out.push(matmul_part(ctx, step, &part, second, x, y, io)?);
+    }
+    Ok(out)
+}
+
+/// Rows [first_row, first_row + rows) of a weight matrix held in one buffer.
+#[derive(Clone, Copy)]
+pub struct WeightPart<'a> {
+    pub ty: GgmlType,
+    pub cols: u32,
+    pub row_bytes: u32,
+    pub buffer: &'a wgpu::Buffer,
+    pub first_row: u32,
+    pub rows: u32,
+}
+
+/// One dispatch of Y (+)= W X over a part of W (rows land at `first_row` of Y); with `w2`, the
+/// fused SwiGLU form over the matching part of the up projection.
+pub fn matmul_part(
+    ctx: &GpuContext,
+    step: &wgpu::Buffer,
+    w: &WeightPart<'_>,
+    w2: Option<&wgpu::Buffer>,
+    x: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+    io: MatmulIo,
+) -> Result<Dispatch, KernelError> {
     let tt = io.token_tile.max(1);
     let layout = ctx.matmul_layout;
     if layout.tpr > 1 && tt > layout.tpr {
@@ -314,7 +352,6 @@ fn matmul_impl(
             problem: format!("token tile {tt} exceeds {} threads per row", layout.tpr),
         });
     }
-    let layout = ctx.matmul_layout;
     let mut defines = Defines::new()
         .flag(type_flag(w.ty))
         .val("ROWS_PER_WG", format!("{}u", layout.rows_per_wg))
@@ -333,46 +370,33 @@ fn matmul_impl(
         defines = defines.flag("SWIGLU");
     }
     let pipeline = ctx.pipelines.get(&ctx.device, "matmul", "main", &defines)?;
-    let mut out = Vec::with_capacity(w.parts.len());
-    for (i, (buf, r0, n)) in w.parts.iter().enumerate() {
-        let p = MatmulParams {
-            rows: *n,
-            cols: w.cols,
-            row_bytes: w.row_bytes,
-            x_stride: io.x_stride,
-            y_stride: io.y_stride,
-            y_offset: io.y_offset + r0,
-            y_at_pos: io.y_at_pos as u32,
-            x_offset: io.x_offset,
-            n_tokens: io.n_tokens,
-            _pad: [0; 3],
-        };
-        let params = params_buffer(ctx, "matmul params", &p)?;
-        let grid = [n.div_ceil(layout.rows_per_wg), 1, 1];
-        let mut bufs: Vec<&wgpu::Buffer> = vec![step, buf, x, y];
-        if let Some(w2) = w2 {
-            bufs.push(&w2.parts[i].0);
-        }
-        let axis = if io.n_tokens != 0 {
-            TokenAxis::Fixed
-        } else {
-            TokenAxis::Y(tt)
-        };
-        let mut grid = grid;
-        if io.n_tokens != 0 {
-            grid[1] = io.n_tokens.div_ceil(tt);
-        }
-        out.push(make_dispatch(
-            ctx,
-            "matmul",
-            pipeline.clone(),
-            params,
-            &bufs,
-            grid,
-            axis,
-        ));
+    let p = MatmulParams {
+        rows: w.rows,
+        cols: w.cols,
+        row_bytes: w.row_bytes,
+        x_stride: io.x_stride,
+        y_stride: io.y_stride,
+        y_offset: io.y_offset + w.first_row,
+        y_at_pos: io.y_at_pos as u32,
+        x_offset: io.x_offset,
+        n_tokens: io.n_tokens,
+        _pad: [0; 3],
+    };
+    let params = params_buffer(ctx, "matmul params", &p)?;
+    let mut grid = [w.rows.div_ceil(layout.rows_per_wg), 1, 1];
+    let mut bufs: Vec<&wgpu::Buffer> = vec![step, w.buffer, x, y];
+    if let Some(w2) = w2 {
+        bufs.push(w2);
     }
-    Ok(out)
+    let axis = if io.n_tokens != 0 {
+        grid[1] = io.n_tokens.div_ceil(tt);
+        TokenAxis::Fixed
+    } else {
+        TokenAxis::Y(tt)
+    };
+    Ok(make_dispatch(
+        ctx, "matmul", pipeline, params, &bufs, grid, axis,
+    ))
 }
 
 #[repr(C)]

@@ -1,0 +1,378 @@
+//! The placement policy: from the device-memory budget, decide what stays resident on the GPU
+//! and what streams from flash every token.
+//!
+//! Fixed costs come first (KV cache, activations, norms, kernel parameters). If every weight
+//! fits beside them, everything is resident and no staging memory is needed. Otherwise the
+//! streaming machinery is reserved — the staging ring, `prefetch + 1` layer slots (layer L
+//! computes in one while L+1.. are read into the others) and two output-head chunk slots — and
+//! the remaining bytes hold whole layers resident, first to last, then the output head.
+
+use std::fmt;
+
+use thiserror::Error;
+
+/// Sizes of everything the engine allocates, in device bytes.
+#[derive(Debug, Clone, Default)]
+pub struct Costs {
+    pub kv: u64,
+    pub activations: u64,
+    pub norms: u64,
+    pub params: u64,
+    pub ring: u64,
+    /// Each layer's seven matrices.
+    pub layer: u64,
+    pub head: u64,
+    /// One output-head chunk slot.
+    pub head_chunk: u64,
+}
+
+/// What the engine was asked to keep resident (`--resident`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum ResidentSpec {
+    /// Let the policy decide from the budget.
+    #[default]
+    Auto,
+    /// Everything resident.
+    All,
+    /// Exactly these layers, and the head when `head` is set.
+    List { layers: Vec<usize>, head: bool },
+}
+
+impl ResidentSpec {
+    /// "auto", "all", "none", or a comma list of "head", "L" and "L-M".
+    pub fn parse(s: &str, n_layers: usize) -> Result<Self, String> {
+        match s.trim() {
+            "auto" => return Ok(Self::Auto),
+            "all" => return Ok(Self::All),
+            "none" => {
+                return Ok(Self::List {
+                    layers: vec![],
+                    head: false,
+                });
+            }
+            _ => {}
+        }
+        let mut layers = Vec::new();
+        let mut head = false;
+        for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            if item == "head" {
+                head = true;
+                continue;
+            }
+            let (a, b) = match item.split_once('-') {
+                Some((a, b)) => (a, b),
+                None => (item, item),
+            };
+            let parse = |v: &str| {
+                v.trim().parse::<usize>().map_err(|_| {
+                    format!("--resident: {item:?} is not a layer, a range or \"head\"")
+                })
+            };
+            let (a, b) = (parse(a)?, parse(b)?);
+            if a > b || b >= n_layers {
+                return Err(format!(
+                    "--resident: layers {item} are outside 0-{}",
+                    n_layers.saturating_sub(1)
+                ));
+            }
+            layers.extend(a..=b);
+        }
+        layers.sort_unstable();
+        layers.dedup();
+        Ok(Self::List { layers, head })
+    }
+}
+
+/// The chosen placement.
+#[derive(Debug, Clone)]
+pub struct Placement {
+    pub budget: u64,
+    pub costs: Costs,
+    pub resident_layers: Vec<bool>,
+    pub head_resident: bool,
+    /// Layer slots for streamed layers (0 when nothing streams).
+    pub slots: usize,
+    /// True when anything streams (the ring is allocated).
+    pub streaming: bool,
+    /// Total device bytes the plan reserves.
+    pub total: u64,
+}
+
+#[derive(Debug, Error)]
+pub enum PlacementError {
+    #[error(
+        "device-memory budget of {budget} bytes is below the minimum of {minimum} bytes this model needs ({breakdown})"
+    )]
+    TooSmall {
+        budget: u64,
+        minimum: u64,
+        breakdown: String,
+    },
+    #[error(
+        "--resident asks for {wanted} bytes of resident weights but the budget leaves {left} bytes after the fixed costs ({breakdown})"
+    )]
+    ResidentTooLarge {
+        wanted: u64,
+        left: u64,
+        breakdown: String,
+    },
+}
+
+fn mib(b: u64) -> String {
+    format!("{:.2} MiB", b as f64 / 1048576.0)
+}
+
+impl Costs {
+    fn fixed(&self) -> u64 {
+        self.kv + self.activations + self.norms + self.params
+    }
+    fn streaming_minimum(&self, slots: usize) -> u64 {
+        self.fixed() + self.ring + slots as u64 * self.layer + 2 * self.head_chunk
+    }
+    fn breakdown(&self, slots: usize) -> String {
+        if slots == 0 {
+            return format!(
+                "KV cache {}, activations {}, norms {}, kernel parameters {}, weights {}",
+                mib(self.kv),
+                mib(self.activations),
+                mib(self.norms),
+                mib(self.params),
+                mib(self.head)
+            );
+        }
+        format!(
+            "KV cache {}, activations {}, norms {}, kernel parameters {}, staging ring {}, {slots} layer slots {}, 2 output-head chunks {}",
+            mib(self.kv),
+            mib(self.activations),
+            mib(self.norms),
+            mib(self.params),
+            mib(self.ring),
+            mib(slots as u64 * self.layer),
+            mib(2 * self.head_chunk)
+        )
+    }
+}
+
+/// Decide the placement for `n_layers` layers under `budget` with `slots` layer slots.
+pub fn plan(
+    costs: Costs,
+    n_layers: usize,
+    budget: u64,
+    slots: usize,
+    spec: &ResidentSpec,
+) -> Result<Placement, PlacementError> {
+    let all = costs.fixed() + n_layers as u64 * costs.layer + costs.head;
+    let everything = |costs: Costs| Placement {
+        budget,
+        total: all,
+        costs,
+        resident_layers: vec![true; n_layers],
+        head_resident: true,
+        slots: 0,
+        streaming: false,
+    };
+    if *spec == ResidentSpec::All || (*spec == ResidentSpec::Auto && all <= budget) {
+        if all > budget {
+            return Err(PlacementError::ResidentTooLarge {
+                wanted: n_layers as u64 * costs.layer + costs.head,
+                left: budget.saturating_sub(costs.fixed()),
+                breakdown: costs.breakdown(0),
+            });
+        }
+        return Ok(everything(costs));
+    }
+    let minimum = costs.streaming_minimum(slots);
+    if minimum > budget {
+        // Streaming cannot start; state the least that runs, streaming or not.
+        let (minimum, breakdown) = if all < minimum {
+            (
+                all,
+                format!(
+                    "everything resident: {}; streaming would need {}",
+                    costs.breakdown(0),
+                    mib(minimum)
+                ),
+            )
+        } else {
+            (minimum, costs.breakdown(slots))
+        };
+        return Err(PlacementError::TooSmall {
+            budget,
+            minimum,
+            breakdown,
+        });
+    }
+    let mut left = budget - minimum;
+    let (resident_layers, head_resident) = match spec {
+        ResidentSpec::List { layers, head } => {
+            let mut r = vec![false; n_layers];
+            for &l in layers {
+                r[l] = true;
+            }
+            let wanted = layers.len() as u64 * costs.layer + if *head { costs.head } else { 0 };
+            if wanted > left {
+                return Err(PlacementError::ResidentTooLarge {
+                    wanted,
+                    left,
+                    breakdown: costs.breakdown(slots),
+                });
+            }
+            (r, *head)
+        }
+        _ => {
+            let mut r = vec![false; n_layers];
+            for slot in r.iter_mut() {
+                if costs.layer <= left {
+                    *slot = true;
+                    left -= costs.layer;
+                }
+            }
+            let head = costs.head <= left;
+            (r, head)
+        }
+    };
+    let n_streamed = resident_layers.iter().filter(|&&r| !r).count();
+    if n_streamed == 0 && head_resident {
+        // Everything fits once the slots are not needed.
+        return Ok(everything(costs));
+    }
+    let used_slots = slots.min(n_streamed);
+    let total = costs.fixed()
+        + costs.ring
+        + used_slots as u64 * costs.layer
+        + if head_resident {
+            costs.head
+        } else {
+            2 * costs.head_chunk
+        }
+        + resident_layers.iter().filter(|&&r| r).count() as u64 * costs.layer;
+    Ok(Placement {
+        budget,
+        costs,
+        resident_layers,
+        head_resident,
+        slots: used_slots,
+        streaming: true,
+        total,
+    })
+}
+
+impl fmt::Display for Placement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = self.resident_layers.len();
+        let res: Vec<usize> = (0..n).filter(|&l| self.resident_layers[l]).collect();
+        let budget = if self.budget == u64::MAX {
+            "adapter limit".to_string()
+        } else {
+            mib(self.budget)
+        };
+        write!(f, "placement (budget {budget}, plan {}): ", mib(self.total))?;
+        if !self.streaming {
+            return write!(f, "all {n} layers and the output head resident");
+        }
+        let ranges = compress(&res);
+        write!(
+            f,
+            "{} of {n} layers resident{}, {} streamed through {} slots; output head {}; staging ring {}",
+            res.len(),
+            if ranges.is_empty() {
+                String::new()
+            } else {
+                format!(" ({ranges})")
+            },
+            n - res.len(),
+            self.slots,
+            if self.head_resident {
+                "resident"
+            } else {
+                "streamed in chunks"
+            },
+            mib(self.costs.ring)
+        )
+    }
+}
+
+fn compress(v: &[usize]) -> String {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < v.len() {
+        let mut j = i;
+        while j + 1 < v.len() && v[j + 1] == v[j] + 1 {
+            j += 1;
+        }
+        out.push(if i == j {
+            v[i].to_string()
+        } else {
+            format!("{}-{}", v[i], v[j])
+        });
+        i = j + 1;
+    }
+    out.join(",")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn costs() -> Costs {
+        Costs {
+            kv: 1000,
+            activations: 100,
+            norms: 10,
+            params: 10,
+            ring: 200,
+            layer: 500,
+            head: 3000,
+            head_chunk: 100,
+        }
+    }
+
+    #[test]
+    fn everything_fits() {
+        let p = plan(costs(), 4, 1_000_000, 2, &ResidentSpec::Auto).unwrap();
+        assert!(!p.streaming && p.head_resident && p.resident_layers.iter().all(|&r| r));
+        assert_eq!(p.total, 1120 + 2000 + 3000);
+    }
+
+    #[test]
+    fn minimum_and_error() {
+        let min = 1120 + 200 + 2 * 500 + 200;
+        let p = plan(costs(), 4, min, 2, &ResidentSpec::Auto).unwrap();
+        assert!(p.streaming && !p.head_resident && p.resident_layers.iter().all(|&r| !r));
+        assert!(p.total <= min);
+        let e = plan(costs(), 4, min - 1, 2, &ResidentSpec::Auto).unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.contains(&min.to_string()) && msg.contains("KV cache"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn fills_layers_then_head() {
+        let min = 1120 + 200 + 2 * 500 + 200;
+        let p = plan(costs(), 4, min + 1000, 2, &ResidentSpec::Auto).unwrap();
+        assert_eq!(p.resident_layers, vec![true, true, false, false]);
+        assert!(!p.head_resident);
+        assert!(p.total <= p.budget);
+    }
+
+    #[test]
+    fn spec_parsing_and_override() {
+        assert_eq!(
+            ResidentSpec::parse("0-2,head,5", 8).unwrap(),
+            ResidentSpec::List {
+                layers: vec![0, 1, 2, 5],
+                head: true
+            }
+        );
+        assert!(ResidentSpec::parse("9", 8).is_err());
+        assert!(ResidentSpec::parse("x", 8).is_err());
+        let spec = ResidentSpec::parse("none", 4).unwrap();
+        let p = plan(costs(), 4, 1_000_000, 2, &spec).unwrap();
+        assert!(p.streaming && p.resident_layers.iter().all(|&r| !r) && !p.head_resident);
+        let spec = ResidentSpec::parse("0-3,head", 4).unwrap();
+        let e = plan(costs(), 4, 3000, 2, &spec).unwrap_err();
+        assert!(matches!(e, PlacementError::ResidentTooLarge { .. }));
+    }
+}

@@ -1,0 +1,157 @@
+//! Streaming under a device-memory budget: identical tokens and logits to the all-resident run
+//! for every budget from the minimum to everything resident; the budget is never exceeded.
+mod common;
+
+use std::sync::Arc;
+
+use flashlm::engine::{Engine, EngineError, EngineOptions, PlacementError, ResidentSpec};
+use flashlm::gguf::{GgmlType, GgufFile};
+use flashlm::gpu::GpuOptions;
+use flashlm::model::synthetic::{SyntheticSpec, synthetic_llama};
+use flashlm::sampling::{Sampler, SamplerParams};
+
+fn opts(budget: Option<u64>, ctx: usize) -> EngineOptions {
+    EngineOptions {
+        gpu: GpuOptions {
+            budget,
+            ..Default::default()
+        },
+        ctx: Some(ctx),
+        // Small staging so the streaming minimum of small models stays below all-resident.
+        ring_slots: 3,
+        ring_chunk: 8192,
+        head_chunk: 16384,
+        ..Default::default()
+    }
+}
+
+/// The smallest budget the engine accepts for these options.
+fn minimum_budget(gguf: &Arc<GgufFile>, base: &EngineOptions) -> u64 {
+    let mut o = base.clone();
+    o.gpu.budget = Some(1024);
+    match Engine::new(gguf.clone(), &o) {
+        Err(EngineError::Placement(PlacementError::TooSmall { minimum, .. })) => minimum,
+        Err(e) => panic!("expected a too-small budget error, got {e}"),
+        Ok(_) => panic!("a 1 KiB budget was accepted"),
+    }
+}
+
+/// Greedy ids and the first-step logits.
+fn run(engine: &mut Engine, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<f32>) {
+    engine.reset();
+    let first = engine.forward(prompt).unwrap();
+    engine.reset();
+    let mut s = Sampler::new(SamplerParams {
+        temperature: 0.0,
+        ..Default::default()
+    });
+    let (ids, _) = engine
+        .generate(prompt, n, &mut s, |_| false, |_| true)
+        .unwrap();
+    (ids, first)
+}
+
+fn check_budgets(gguf: Arc<GgufFile>, prompt: &[u32], n: usize, ctx: usize, extra_budgets: &[u64]) {
+    let mut resident = Engine::new(gguf.clone(), &opts(None, ctx)).unwrap();
+    assert!(!resident.placement.streaming);
+    let (want_ids, want_logits) = run(&mut resident, prompt, n);
+    let all = resident.placement.total;
+    drop(resident);
+
+    let min = minimum_budget(&gguf, &opts(None, ctx));
+    assert!(
+        min < all,
+        "streaming minimum {min} should be below all-resident {all}"
+    );
+    let mut budgets = vec![min, min + (all - min) / 3, (min + all) / 2, all];
+    budgets.extend_from_slice(extra_budgets);
+    for budget in budgets {
+        let mut e = Engine::new(gguf.clone(), &opts(Some(budget), ctx)).unwrap();
+        let (ids, logits) = run(&mut e, prompt, n);
+        let peak = e.ctx.budget.peak();
+        assert!(peak <= budget, "peak {peak} exceeds budget {budget}");
+        assert_eq!(ids, want_ids, "budget {budget}: {}", e.placement);
+        assert!(
+            logits == want_logits,
+            "budget {budget}: logits differ from the resident run ({})",
+            e.placement
+        );
+        if budget < all {
+            assert!(
+                e.placement.streaming,
+                "budget {budget} below all-resident must stream"
+            );
+        }
+    }
+}
+
+#[test]
+fn synthetic_streamed_equals_resident_every_budget() {
+    if common::gpu().is_none() {
+        return;
+    }
+    for ty in [GgmlType::Q4_1, GgmlType::Q8_0] {
+        let spec = SyntheticSpec {
+            n_layers: 6,
+            n_embd: 96,
+            n_heads: 3,
+            n_kv_heads: 1,
+            n_ff: 160,
+            vocab: 3000,
+            weight_type: ty,
+            ctx: 64,
+            untied_output: false,
+        };
+        let gguf = Arc::new(GgufFile::from_bytes(synthetic_llama(&spec, 5)).unwrap());
+        let prompt: Vec<u32> = (0..11).map(|k| (k * 131 + 7) % 3000).collect();
+        check_budgets(gguf, &prompt, 6, 32, &[]);
+    }
+}
+
+#[test]
+fn real_model_streamed_equals_resident() {
+    let Some(path) = common::model_path() else {
+        return;
+    };
+    if common::gpu().is_none() {
+        return;
+    }
+    let gguf = Arc::new(GgufFile::open(&path).unwrap());
+    // "The capital of France is"
+    check_budgets(gguf, &[504, 3575, 282, 4649, 314], 4, 32, &[16 << 20]);
+}
+
+#[test]
+fn budget_below_minimum_states_the_minimum() {
+    if common::gpu().is_none() {
+        return;
+    }
+    let spec = SyntheticSpec::tiny(GgmlType::Q8_0);
+    let gguf = Arc::new(GgufFile::from_bytes(synthetic_llama(&spec, 1)).unwrap());
+    let min = minimum_budget(&gguf, &opts(None, 16));
+    let err = Engine::new(gguf.clone(), &opts(Some(min - 1), 16))
+        .err()
+        .expect("a budget one byte under the minimum must fail")
+        .to_string();
+    assert!(err.contains(&min.to_string()), "{err}");
+    assert!(err.contains("KV cache"), "{err}");
+    Engine::new(gguf, &opts(Some(min), 16)).unwrap();
+}
+
+#[test]
+fn resident_override_is_honoured() {
+    if common::gpu().is_none() {
+        return;
+    }
+    let spec = SyntheticSpec::tiny(GgmlType::Q4_0);
+    let gguf = Arc::new(GgufFile::from_bytes(synthetic_llama(&spec, 2)).unwrap());
+    let mut o = opts(None, 16);
+    o.resident = ResidentSpec::parse("none", spec.n_layers).unwrap();
+    let mut e = Engine::new(gguf.clone(), &o).unwrap();
+    assert!(e.placement.streaming);
+    assert!(e.placement.resident_layers.iter().all(|&r| !r));
+    assert!(!e.placement.head_resident);
+    let streamed = e.forward(&[1, 2, 3]).unwrap();
+    let mut r = Engine::new(gguf, &opts(None, 16)).unwrap();
+    assert!(r.forward(&[1, 2, 3]).unwrap() == streamed);
+}
