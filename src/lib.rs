@@ -8,6 +8,7 @@
 pub mod bench;
 pub mod cli;
 pub mod engine;
+pub mod flash;
 pub mod gguf;
 pub mod gpu;
 pub mod kernels;
