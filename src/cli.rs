@@ -6,7 +6,9 @@ use std::sync::Arc;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::engine::{Engine, EngineOptions, GenStats};
+use crate::engine::{Engine, EngineOptions, GenStats, ResidentSpec};
+use crate::flash::source::FlashSource;
+use crate::flash::{FlashFile, IoMode, ReaderOptions};
 use crate::gguf::GgufFile;
 use crate::gpu::GpuOptions;
 use crate::model::chat::{ChatMessage, ChatTemplate};
@@ -57,9 +59,37 @@ pub struct ModelArgs {
     /// GGUF model file (default: $FLASHLM_MODEL, else the cached SmolLM2-135M-Instruct).
     #[arg(long, short = 'm')]
     pub model: Option<PathBuf>,
-    /// KV cache length in tokens (default: the model's context, at most 2048).
+    /// KV cache length in tokens (default: the model's context, at most 2048, shrunk to fit
+    /// the budget).
     #[arg(long)]
     pub ctx: Option<usize>,
+    /// Cap on every device byte (weights, KV, activations, staging), e.g. 16MiB or 1.5GB.
+    /// Default: what the adapter allows, so everything can be resident.
+    #[arg(long, value_parser = parse_size_arg)]
+    pub gpu_budget: Option<u64>,
+    /// How weights are read from the file at run time: direct (bypasses the page cache, so
+    /// bytes per token are true flash reads) or mmap.
+    #[arg(long, default_value = "direct")]
+    pub io: IoMode,
+    /// Reader threads per read.
+    #[arg(long, default_value_t = 4)]
+    pub io_threads: usize,
+    /// Bytes per read request, e.g. 1MiB.
+    #[arg(long, default_value = "1MiB", value_parser = parse_size_arg)]
+    pub io_chunk: u64,
+    /// Host-side cache of weight bytes (kept in DRAM instead of re-read from flash), e.g. 64MiB.
+    #[arg(long, default_value = "0", value_parser = parse_size_arg)]
+    pub dram_budget: u64,
+    /// What stays on the GPU: auto (from the budget), all, none, or a list such as 0-9,head.
+    #[arg(long, default_value = "auto")]
+    pub resident: String,
+    /// Streamed layers read ahead of the one computing.
+    #[arg(long, default_value_t = 1)]
+    pub prefetch: usize,
+}
+
+fn parse_size_arg(s: &str) -> Result<u64, String> {
+    crate::flash::parse_size(s)
 }
 
 #[derive(Args, Debug, Clone)]
@@ -98,6 +128,9 @@ pub struct RunArgs {
     /// Write the run's figures and token ids as JSON.
     #[arg(long)]
     pub stats_json: Option<PathBuf>,
+    /// Write a Chrome trace (Perfetto, chrome://tracing) of reads, uploads and compute.
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -203,17 +236,48 @@ pub fn load_model(path: &Path) -> CliResult<LoadedModel> {
     })
 }
 
-fn engine_options(cli: &Cli, m: &ModelArgs) -> EngineOptions {
-    EngineOptions {
+fn engine_options(cli: &Cli, m: &ModelArgs, n_layers: usize) -> CliResult<EngineOptions> {
+    Ok(EngineOptions {
         gpu: GpuOptions {
             backend: cli.backend.clone(),
             adapter: cli.adapter.clone(),
-            budget: None,
+            budget: m.gpu_budget,
             matmul_layout: None,
         },
         ctx: m.ctx,
+        prefetch: m.prefetch,
+        resident: ResidentSpec::parse(&m.resident, n_layers)?,
         ..Default::default()
-    }
+    })
+}
+
+/// Open the model file for run-time reads and start the engine; prints the placement.
+pub fn start_engine(
+    cli: &Cli,
+    m: &ModelArgs,
+    model: &LoadedModel,
+    trace: bool,
+) -> CliResult<Engine> {
+    let mut opts = engine_options(cli, m, model.cfg.n_layers)?;
+    opts.trace = trace;
+    let file = FlashFile::open(
+        &model.path,
+        ReaderOptions {
+            mode: m.io,
+            threads: m.io_threads.max(1),
+            chunk: usize::try_from(m.io_chunk).map_err(|_| "--io-chunk is too large")?,
+        },
+    )?;
+    let source = Box::new(FlashSource::new(file, m.dram_budget));
+    let engine = Engine::with_source(model.gguf.clone(), source, &opts)?;
+    eprintln!(
+        "{} | context {} tokens | I/O {} | {}",
+        engine.placement,
+        engine.max_ctx(),
+        m.io,
+        engine.ctx.describe()
+    );
+    Ok(engine)
 }
 
 pub fn main_with(cli: Cli) -> CliResult<()> {
@@ -241,7 +305,7 @@ pub fn main_with(cli: Cli) -> CliResult<()> {
                 let m = load_model(&path)?;
                 let report = crate::bench::resident(
                     m.gguf.clone(),
-                    &engine_options(&cli, model),
+                    &engine_options(&cli, model, m.cfg.n_layers)?,
                     &m.tokenizer,
                     (*runs).max(1),
                 )?;
@@ -313,17 +377,29 @@ fn info(path: &Path) -> CliResult<()> {
 fn print_stats(engine: &Engine, stats: &GenStats) {
     eprintln!();
     eprintln!(
-        "prefill: {} tokens, {:.1} tok/s | decode: {} tokens, {:.1} tok/s | TTFT {:.0} ms",
+        "prefill: {} tokens, {:.1} tok/s | decode: {} tokens, {:.2} tok/s ({:.1} ms/token) | TTFT {:.0} ms",
         stats.prompt_tokens,
         stats.prefill_tok_s,
         stats.generated_tokens,
         stats.decode_tok_s,
+        stats.ms_per_token,
         stats.ttft_ms
     );
     eprintln!(
-        "flash bytes per generated token: {:.0} | peak device memory: {:.1} MiB | adapter: {} | backend: {}",
+        "flash bytes per token: {:.0} | upload {:.2} GB/s | GPU idle (waiting) {:.0}% | overlap efficiency {:.2}",
         stats.flash_bytes_per_token,
+        stats.upload_gb_s,
+        stats.io_wait_share * 100.0,
+        stats.overlap_efficiency
+    );
+    eprintln!(
+        "peak device memory: {:.2} MiB of {} | adapter: {} | backend: {}",
         stats.peak_device_bytes as f64 / 1048576.0,
+        if engine.placement.budget == u64::MAX {
+            "no budget".to_string()
+        } else {
+            format!("{:.2} MiB", engine.placement.budget as f64 / 1048576.0)
+        },
         engine.ctx.info.name,
         engine.ctx.backend_name()
     );
@@ -337,7 +413,7 @@ fn run(cli: &Cli, a: &RunArgs) -> CliResult<()> {
     if prompt_ids.is_empty() {
         return Err("the prompt is empty after tokenization".into());
     }
-    let mut engine = Engine::new(m.gguf.clone(), &engine_options(cli, &a.model))?;
+    let mut engine = start_engine(cli, &a.model, &m, a.trace.is_some())?;
     let mut sampler = Sampler::new(a.sample.params());
     let tk = &m.tokenizer;
     let mut dec = tk.stream_decoder(true);
@@ -359,6 +435,10 @@ fn run(cli: &Cli, a: &RunArgs) -> CliResult<()> {
     print!("{}", dec.finish());
     println!();
     print_stats(&engine, &stats);
+    if let Some(p) = &a.trace {
+        engine.write_trace(p)?;
+        eprintln!("trace written to {}", p.display());
+    }
     if let Some(p) = &a.stats_json {
         let j = serde_json::json!({
             "prompt_ids": prompt_ids,
@@ -368,6 +448,16 @@ fn run(cli: &Cli, a: &RunArgs) -> CliResult<()> {
             "ttft_ms": stats.ttft_ms,
             "flash_bytes_per_token": stats.flash_bytes_per_token,
             "peak_device_bytes": stats.peak_device_bytes,
+            "gpu_budget": engine.placement.budget,
+            "ms_per_token": stats.ms_per_token,
+            "upload_bytes_per_token": stats.upload_bytes_per_token,
+            "upload_gb_s": stats.upload_gb_s,
+            "io_wait_share": stats.io_wait_share,
+            "overlap_efficiency": stats.overlap_efficiency,
+            "read_s": stats.read_s,
+            "compute_s": stats.compute_s,
+            "placement": engine.placement.to_string(),
+            "io": a.model.io.to_string(),
             "backend": engine.ctx.backend_name(),
             "adapter": engine.ctx.info.name,
             "prompt_tokens": stats.prompt_tokens,
@@ -386,7 +476,7 @@ fn chat(cli: &Cli, a: &ChatArgs) -> CliResult<()> {
     let path = resolve_model(&a.model.model)?;
     let m = load_model(&path)?;
     let template = ChatTemplate::from_gguf(&m.gguf)?;
-    let mut engine = Engine::new(m.gguf.clone(), &engine_options(cli, &a.model))?;
+    let mut engine = start_engine(cli, &a.model, &m, false)?;
     let mut sampler = Sampler::new(a.sample.params());
     let tk = &m.tokenizer;
     let mut messages: Vec<ChatMessage> = Vec::new();

@@ -155,3 +155,92 @@ fn resident_override_is_honoured() {
     let mut r = Engine::new(gguf, &opts(None, 16)).unwrap();
     assert!(r.forward(&[1, 2, 3]).unwrap() == streamed);
 }
+
+mod flash_modes {
+    use super::*;
+    use flashlm::flash::source::FlashSource;
+    use flashlm::flash::{FlashFile, IoMode, ReaderOptions};
+
+    fn source(path: &std::path::Path, mode: IoMode) -> Option<Box<FlashSource>> {
+        match FlashFile::open(
+            path,
+            ReaderOptions {
+                mode,
+                threads: 3,
+                chunk: 64 * 1024,
+            },
+        ) {
+            Ok(f) => Some(Box::new(FlashSource::new(f, 0))),
+            Err(e) if mode == IoMode::Direct && !common::in_ci() => {
+                eprintln!("skipping direct I/O: {e}");
+                None
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    #[test]
+    fn real_model_both_io_modes_match_resident_at_minimum_budget() {
+        let Some(path) = common::model_path() else {
+            return;
+        };
+        if common::gpu().is_none() {
+            return;
+        }
+        let gguf = Arc::new(GgufFile::open(&path).unwrap());
+        let prompt = [504, 3575, 282, 4649, 314];
+        let mut resident = Engine::new(gguf.clone(), &opts(None, 16)).unwrap();
+        let (want_ids, want_logits) = run(&mut resident, &prompt, 3);
+        drop(resident);
+        let min = minimum_budget(&gguf, &opts(None, 16));
+        for mode in [IoMode::Direct, IoMode::Mmap] {
+            let Some(src) = source(&path, mode) else {
+                continue;
+            };
+            let mut e = Engine::with_source(gguf.clone(), src, &opts(Some(min), 16)).unwrap();
+            assert!(e.placement.streaming);
+            let (ids, logits) = run(&mut e, &prompt, 3);
+            assert_eq!(ids, want_ids, "{mode}");
+            assert!(logits == want_logits, "{mode}: logits differ");
+            assert!(e.ctx.budget.peak() <= min);
+            // Every streamed weight byte came from the file.
+            assert!(e.flash_bytes() >= e.matvec_weight_bytes(), "{mode}");
+        }
+    }
+
+    #[test]
+    fn model_file_that_shrinks_or_vanishes_fails_clearly() {
+        if common::gpu().is_none() {
+            return;
+        }
+        let spec = SyntheticSpec::tiny(GgmlType::Q8_0);
+        let bytes = synthetic_llama(&spec, 9);
+        let dir = std::env::temp_dir().join(format!("flashlm-shrink-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for (i, mode) in [IoMode::Mmap, IoMode::Direct].into_iter().enumerate() {
+            let path = dir.join(format!("m{i}.gguf"));
+            std::fs::write(&path, &bytes).unwrap();
+            let gguf = Arc::new(GgufFile::from_bytes(bytes.clone()).unwrap());
+            let Some(src) = source(&path, mode) else {
+                continue;
+            };
+            let mut o = opts(None, 16);
+            o.resident = ResidentSpec::parse("none", spec.n_layers).unwrap();
+            let mut e = Engine::with_source(gguf, src, &o).unwrap();
+            e.forward(&[1, 2]).unwrap();
+            // Shrink the file under the running engine.
+            let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+            f.set_len(bytes.len() as u64 / 2).unwrap();
+            let err = e.forward(&[3]).unwrap_err().to_string();
+            assert!(err.contains("model file"), "{mode}: {err}");
+            // Restore it, then remove it.
+            f.set_len(0).unwrap();
+            drop(f);
+            std::fs::write(&path, &bytes).unwrap();
+            std::fs::remove_file(&path).unwrap();
+            let err = e.forward(&[3]).unwrap_err().to_string();
+            assert!(err.contains("model file"), "{mode}: {err}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

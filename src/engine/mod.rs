@@ -77,6 +77,8 @@ pub trait WeightSource: ChunkSource + Send + Sync {
     fn check(&self) -> Result<(), String>;
     /// Hint that `[offset, offset + len)` is needed soon.
     fn prefetch(&self, _offset: u64, _len: u64) {}
+    /// Hint that `[offset, offset + len)` is not needed until its next turn.
+    fn release(&self, _offset: u64, _len: u64) {}
 }
 
 /// Reads through the GGUF file's own memory map (the default when no flash reader is given).
@@ -146,8 +148,8 @@ impl Default for EngineOptions {
             ubatch: 64,
             prefetch: 1,
             ring_slots: 4,
-            ring_chunk: 256 * 1024,
-            head_chunk: 1024 * 1024,
+            ring_chunk: 128 * 1024,
+            head_chunk: 512 * 1024,
             resident: ResidentSpec::Auto,
             trace: false,
         }
@@ -444,14 +446,17 @@ impl Engine {
         };
         let max_ctx = match opts.ctx {
             Some(c) => c.clamp(1, cfg.context_length.max(1)),
+            None if opts.gpu.budget.is_none() => default_ctx,
             None => {
-                // Shrink the context to what the budget leaves beside the streaming minimum.
+                // Under a budget the KV cache competes with resident weights: take what the
+                // budget leaves beside the streaming minimum, at most 512 tokens (ask for more
+                // with --ctx).
                 let fixed = costs.activations + costs.norms + costs.params;
                 let stream_min = fixed + ring + slots_wanted as u64 * max_layer + 2 * head_chunk;
                 let all = fixed + cfg.n_layers as u64 * max_layer + head_bytes;
                 let need = all.min(stream_min);
                 let room = budget.saturating_sub(need) / kv_per_token.max(1);
-                (room as usize).clamp(1, default_ctx)
+                (room as usize).clamp(1, default_ctx.min(512))
             }
         };
         costs.kv = max_ctx as u64 * kv_per_token;
@@ -803,6 +808,12 @@ impl Engine {
             return Ok(());
         };
         let t = self.tracer.now();
+        // Ask for the streamed layer after this one ahead of its read.
+        if let Some(&after) = self.streamed.get((si + 1) % self.streamed.len()) {
+            for t_info in &self.layers[after].files {
+                self.source.prefetch(t_info.offset, t_info.n_bytes);
+            }
+        }
         let mut st = UploadStats::default();
         for (t_info, w) in self.layers[l].files.iter().zip(self.slots[slot].all()) {
             for (buf, r0, n) in &w.parts {
@@ -811,6 +822,7 @@ impl Engine {
                 let s = ring.upload(&self.ctx, self.source.as_ref(), off, len, buf, 0)?;
                 st.add(&s);
             }
+            self.source.release(t_info.offset, t_info.n_bytes);
         }
         self.io.upload.add(&st);
         self.io.upload_s += self.tracer.now() - t;
@@ -867,7 +879,23 @@ impl Engine {
             self.prefetched += 1;
         }
         self.prefetched = 0;
+        if !self.placement.streaming {
+            // Everything resident: all layers in one submission.
+            let mut enc = self.ctx.device.create_command_encoder(&Default::default());
+            let plans = if t == 1 {
+                &self.decode_plans
+            } else {
+                &self.prefill_plans
+            };
+            for plan in plans {
+                kernels::record_all(&mut enc, plan, t as u32);
+            }
+            self.submit_compute(enc, "layers".into());
+        }
         for l in 0..self.layers.len() {
+            if !self.placement.streaming {
+                break;
+            }
             let mut enc = self
                 .ctx
                 .device

@@ -18,6 +18,8 @@ mod size;
 pub use cache::{CacheStats, DramCache};
 pub use size::{format_size, parse_size};
 
+pub mod source;
+
 use std::fmt;
 use std::fs::File;
 use std::io;
