@@ -155,6 +155,24 @@ pub struct BenchArgs {
 
 #[derive(Subcommand, Debug)]
 pub enum BenchKind {
+    /// Streaming under budgets (scenario S1: 16 MiB, direct I/O, cold cache; a half-model
+    /// budget; all resident): ms/token, flash bytes/token, overlap, ring vs raw cold read.
+    Stream {
+        #[command(flatten)]
+        model: ModelArgs,
+        /// Budgets to run besides all-resident (default: 16MiB and one holding half the model).
+        #[arg(long, value_delimiter = ',', value_parser = parse_size_arg)]
+        budgets: Vec<u64>,
+        /// Prompt tokens.
+        #[arg(long, default_value_t = 64)]
+        prompt_tokens: usize,
+        /// Decoded tokens.
+        #[arg(short = 'n', long, default_value_t = 128)]
+        n: usize,
+        /// Write the figures as JSON.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
     /// Everything resident on the GPU: prefill and decode tok/s, matvec GB/s against a copy.
     Resident {
         #[command(flatten)]
@@ -300,6 +318,52 @@ pub fn main_with(cli: Cli) -> CliResult<()> {
         Some(Command::Run(a)) => run(&cli, a),
         Some(Command::Chat(a)) => chat(&cli, a),
         Some(Command::Bench(b)) => match &b.which {
+            BenchKind::Stream {
+                model,
+                budgets,
+                prompt_tokens,
+                n,
+                json,
+            } => {
+                let path = resolve_model(&model.model)?;
+                let m = load_model(&path)?;
+                let base = engine_options(&cli, model, m.cfg.n_layers)?;
+                let budgets = if budgets.is_empty() {
+                    // Half the model: the streaming minimum plus half the weight bytes.
+                    let weights: u64 = m
+                        .gguf
+                        .tensors
+                        .iter()
+                        .filter(|t| t.dims.len() == 2)
+                        .map(|t| t.n_bytes)
+                        .sum();
+                    vec![16 << 20, (16 << 20) + weights / 2]
+                } else {
+                    budgets.clone()
+                };
+                let mut scenarios = vec![crate::bench::Scenario {
+                    name: "all resident".into(),
+                    budget: None,
+                    io: model.io,
+                }];
+                for (i, b) in budgets.iter().enumerate() {
+                    scenarios.push(crate::bench::Scenario {
+                        name: if i == 0 && *b == 16 << 20 {
+                            "S1".into()
+                        } else {
+                            format!("budget {:.1} MiB", *b as f64 / 1048576.0)
+                        },
+                        budget: Some(*b),
+                        io: model.io,
+                    });
+                }
+                let report = crate::bench::stream(&m, &base, &scenarios, *prompt_tokens, *n)?;
+                println!("{}", report.to_markdown());
+                if let Some(j) = json {
+                    std::fs::write(j, serde_json::to_string_pretty(&report)?)?;
+                }
+                Ok(())
+            }
             BenchKind::Resident { model, runs, json } => {
                 let path = resolve_model(&model.model)?;
                 let m = load_model(&path)?;
@@ -452,6 +516,7 @@ fn run(cli: &Cli, a: &RunArgs) -> CliResult<()> {
             "ms_per_token": stats.ms_per_token,
             "upload_bytes_per_token": stats.upload_bytes_per_token,
             "upload_gb_s": stats.upload_gb_s,
+            "flash_to_gpu_gb_s": stats.flash_to_gpu_gb_s,
             "io_wait_share": stats.io_wait_share,
             "overlap_efficiency": stats.overlap_efficiency,
             "read_s": stats.read_s,

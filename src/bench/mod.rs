@@ -140,3 +140,196 @@ pub fn resident(
         peak_device_bytes: engine.ctx.budget.peak(),
     })
 }
+
+/// One streaming scenario's figures.
+#[derive(Debug, Clone, Serialize)]
+pub struct StreamRow {
+    pub scenario: String,
+    pub gpu_budget: u64,
+    pub placement: String,
+    pub io: String,
+    pub cold_cache: bool,
+    pub prompt_tokens: usize,
+    pub generated_tokens: usize,
+    /// Median decode milliseconds per token.
+    pub ms_per_token: f64,
+    pub ms_per_token_vs_resident: f64,
+    pub flash_bytes_per_token: f64,
+    pub overlap_efficiency: f64,
+    pub io_wait_share: f64,
+    /// Flash-to-GPU throughput of the staging ring: bytes uploaded / time inside uploads
+    /// less the time spent waiting for the GPU to free a staging slot.
+    pub upload_gb_s: f64,
+    /// Its ratio to the raw cold-read GB/s of the same run.
+    pub upload_over_raw_cold: f64,
+    pub peak_device_bytes: u64,
+    pub ttft_ms: f64,
+}
+
+/// The streaming benchmark (scenario S1 and a half-model budget, against all-resident).
+#[derive(Debug, Clone, Serialize)]
+pub struct StreamReport {
+    pub adapter: String,
+    pub backend: String,
+    pub raw_cold_read_gb_s: f64,
+    pub eviction_verified: bool,
+    pub rows: Vec<StreamRow>,
+}
+
+impl StreamReport {
+    pub fn to_markdown(&self) -> String {
+        let mut s = format!(
+            "adapter {} ({}); raw cold read {:.2} GB/s (page-cache eviction {})\n\n\
+             | scenario | budget | I/O | ms/token (median) | vs resident | flash bytes/token | overlap eff. | GPU idle | ring GB/s | ring / raw cold | peak device bytes |\n\
+             |---|---|---|---|---|---|---|---|---|---|---|\n",
+            self.adapter,
+            self.backend,
+            self.raw_cold_read_gb_s,
+            if self.eviction_verified {
+                "verified"
+            } else {
+                "NOT verified: figures may include page-cache hits"
+            }
+        );
+        for r in &self.rows {
+            s.push_str(&format!(
+                "| {} | {} | {} | {:.1} | {:.2} | {:.0} | {:.2} | {:.0}% | {:.3} | {:.2} | {} |\n",
+                r.scenario,
+                if r.gpu_budget == u64::MAX {
+                    "none".to_string()
+                } else {
+                    format!("{:.1} MiB", r.gpu_budget as f64 / 1048576.0)
+                },
+                r.io,
+                r.ms_per_token,
+                r.ms_per_token_vs_resident,
+                r.flash_bytes_per_token,
+                r.overlap_efficiency,
+                r.io_wait_share * 100.0,
+                r.upload_gb_s,
+                r.upload_over_raw_cold,
+                r.peak_device_bytes
+            ));
+        }
+        s
+    }
+}
+
+/// Evict the model file from the page cache, then read it once sequentially: GB/s.
+pub fn raw_cold_read(path: &std::path::Path) -> Result<(f64, bool), Box<dyn std::error::Error>> {
+    use std::io::Read;
+    let res = crate::flash::evict_page_cache(path)?;
+    let mut f = std::fs::File::open(path)?;
+    let mut buf = vec![0u8; 8 << 20];
+    let t = std::time::Instant::now();
+    let mut total = 0u64;
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        total += n as u64;
+    }
+    let s = t.elapsed().as_secs_f64();
+    Ok((total as f64 / s / 1e9, res.effective()))
+}
+
+/// Settings of one streaming scenario.
+pub struct Scenario {
+    pub name: String,
+    pub budget: Option<u64>,
+    pub io: crate::flash::IoMode,
+}
+
+/// Run the scenarios over the same prompt: each loads the engine with a cold page cache,
+/// prefills `prompt_tokens` and decodes `n_gen` greedy tokens.
+pub fn stream(
+    model: &crate::cli::LoadedModel,
+    base: &EngineOptions,
+    scenarios: &[Scenario],
+    prompt_tokens: usize,
+    n_gen: usize,
+) -> Result<StreamReport, Box<dyn std::error::Error>> {
+    use crate::flash::source::FlashSource;
+    use crate::flash::{FlashFile, ReaderOptions};
+    model.gguf.release_pages();
+    let (raw, verified) = raw_cold_read(&model.path)?;
+    let mut prompt = model.tokenizer.encode(BENCH_TEXT, false);
+    while prompt.len() < prompt_tokens {
+        let again = prompt.clone();
+        prompt.extend(again);
+    }
+    prompt.truncate(prompt_tokens);
+    let mut rows: Vec<StreamRow> = Vec::new();
+    let mut adapter = String::new();
+    let mut backend = String::new();
+    let mut resident_ms = None;
+    for sc in scenarios {
+        let mut opts = base.clone();
+        opts.gpu.budget = sc.budget;
+        opts.ctx = Some(prompt_tokens + n_gen);
+        let file = FlashFile::open(
+            &model.path,
+            ReaderOptions {
+                mode: sc.io,
+                ..Default::default()
+            },
+        )?;
+        model.gguf.release_pages();
+        let ev = crate::flash::evict_page_cache(&model.path)?;
+        let mut engine = Engine::with_source(
+            model.gguf.clone(),
+            Box::new(FlashSource::new(file, 0)),
+            &opts,
+        )?;
+        // Loading read the resident weights; evict again so decoding starts cold.
+        model.gguf.release_pages();
+        let ev2 = crate::flash::evict_page_cache(&model.path)?;
+        let mut sampler = Sampler::new(SamplerParams {
+            temperature: 0.0,
+            ..Default::default()
+        });
+        let (_, s) = engine.generate(&prompt, n_gen, &mut sampler, |_| false, |_| true)?;
+        let mut ms = s.token_ms.clone();
+        let med = median(&mut ms);
+        if !engine.placement.streaming && resident_ms.is_none() {
+            resident_ms = Some(med);
+        }
+        eprintln!(
+            "{}: {:.1} ms/token, {}",
+            sc.name, med, engine.placement
+        );
+        adapter = engine.ctx.info.name.clone();
+        backend = engine.ctx.backend_name();
+        rows.push(StreamRow {
+            scenario: sc.name.clone(),
+            gpu_budget: engine.placement.budget,
+            placement: engine.placement.to_string(),
+            io: sc.io.to_string(),
+            cold_cache: ev.effective() && ev2.effective(),
+            prompt_tokens: prompt.len(),
+            generated_tokens: s.generated_tokens,
+            ms_per_token: med,
+            ms_per_token_vs_resident: 0.0,
+            flash_bytes_per_token: s.flash_bytes_per_token,
+            overlap_efficiency: s.overlap_efficiency,
+            io_wait_share: s.io_wait_share,
+            upload_gb_s: s.flash_to_gpu_gb_s,
+            upload_over_raw_cold: s.flash_to_gpu_gb_s / raw.max(1e-12),
+            peak_device_bytes: s.peak_device_bytes,
+            ttft_ms: s.ttft_ms,
+        });
+    }
+    if let Some(r) = resident_ms {
+        for row in &mut rows {
+            row.ms_per_token_vs_resident = row.ms_per_token / r;
+        }
+    }
+    Ok(StreamReport {
+        adapter,
+        backend,
+        raw_cold_read_gb_s: raw,
+        eviction_verified: verified,
+        rows,
+    })
+}

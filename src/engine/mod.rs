@@ -253,6 +253,9 @@ pub struct GenStats {
     pub upload_bytes_per_token: f64,
     /// Staging-ring throughput during decode (bytes uploaded / seconds inside uploads).
     pub upload_gb_s: f64,
+    /// The same without the time spent waiting for the GPU to free a staging slot: the
+    /// flash-to-GPU path's own rate.
+    pub flash_to_gpu_gb_s: f64,
     /// Share of decode time the GPU was not computing (waiting for I/O or the host).
     pub io_wait_share: f64,
     /// Decode time / max(flash read time, GPU compute time); 1.0 is perfect overlap.
@@ -260,6 +263,9 @@ pub struct GenStats {
     pub read_s: f64,
     pub compute_s: f64,
     pub peak_device_bytes: u64,
+    /// Milliseconds of each decode step.
+    #[serde(skip)]
+    pub token_ms: Vec<f64>,
 }
 
 /// The GPU engine for one model.
@@ -1030,6 +1036,7 @@ impl Engine {
         let mut ttft_ms = 0.0;
         let decode_start = Instant::now();
         let mut decode_forwards = 0usize;
+        let mut token_ms = Vec::new();
         while out.len() < n {
             let id = sampler.sample(&logits, &history);
             if out.is_empty() {
@@ -1041,7 +1048,9 @@ impl Engine {
             if !go_on || is_end(id) || out.len() >= n {
                 break;
             }
+            let t = Instant::now();
             logits = self.forward(&[id])?;
+            token_ms.push(t.elapsed().as_secs_f64() * 1e3);
             decode_forwards += 1;
         }
         let decode_s = decode_start.elapsed().as_secs_f64();
@@ -1049,6 +1058,7 @@ impl Engine {
         let read_s = self.io.upload.read_s - io0.upload.read_s;
         let up_bytes = self.io.upload.bytes - io0.upload.bytes;
         let up_s = self.io.upload_s - io0.upload_s;
+        let wait_s = self.io.upload.wait_s - io0.upload.wait_s;
         let compute_s = self.tracer.compute_s - compute0;
         let per = decode_forwards.max(1) as f64;
         let stats = GenStats {
@@ -1071,6 +1081,11 @@ impl Engine {
             } else {
                 0.0
             },
+            flash_to_gpu_gb_s: if up_s - wait_s > 0.0 {
+                up_bytes as f64 / (up_s - wait_s) / 1e9
+            } else {
+                0.0
+            },
             io_wait_share: if decode_s > 0.0 {
                 (1.0 - compute_s / decode_s).clamp(0.0, 1.0)
             } else {
@@ -1084,6 +1099,7 @@ impl Engine {
             read_s,
             compute_s,
             peak_device_bytes: self.ctx.budget.peak(),
+            token_ms,
         };
         Ok((out, stats))
     }

@@ -444,6 +444,17 @@ impl GgufFile {
     }
 
     /// The whole file.
+    /// Drop this process's mapping of the file's pages (they are read again from the file on
+    /// next use), so the page cache can evict them. No-op for in-memory files.
+    pub fn release_pages(&self) {
+        #[cfg(unix)]
+        if let Bytes::Mapped(m) = &self.bytes {
+            // SAFETY: the map is read-only and file-backed; after DONTNEED the next access
+            // reads the same bytes from the file again, so no reference observes a change.
+            let _ = unsafe { m.unchecked_advise(memmap2::UncheckedAdvice::DontNeed) };
+        }
+    }
+
     pub fn bytes(&self) -> &[u8] {
         self.bytes.as_slice()
     }

@@ -236,7 +236,7 @@ impl StagingRing {
         dst_offset: u64,
     ) -> Result<UploadStats, StagingError> {
         let end = dst_offset + len.div_ceil(4) * 4;
-        if dst_offset % 4 != 0 || end > dst.size() {
+        if !dst_offset.is_multiple_of(4) || end > dst.size() {
             return Err(StagingError::Destination {
                 offset: dst_offset,
                 end,
