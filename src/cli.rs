@@ -184,6 +184,28 @@ pub enum BenchKind {
         #[arg(long)]
         json: Option<PathBuf>,
     },
+    /// Flash read throughput from a cold page cache: raw read, direct and mmap over piece size
+    /// × threads, and the staging ring into device buffers.
+    Io {
+        /// GGUF model file (default: $FLASHLM_MODEL, else the cached SmolLM2-135M-Instruct).
+        #[arg(long, short = 'm')]
+        model: Option<PathBuf>,
+        /// Bytes of tensor data to read per measurement (e.g. 64MiB, 16M, 1e8).
+        #[arg(long, default_value = "64MiB", value_parser = crate::flash::parse_size)]
+        bytes: u64,
+        /// Repetitions of each cheap measurement (the median is reported).
+        #[arg(long, default_value_t = 3)]
+        repeats: usize,
+        /// Skip the staging-ring path (no GPU needed).
+        #[arg(long)]
+        no_gpu: bool,
+        /// Write the figures as JSON.
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// Write an SVG plot of GB/s against piece size.
+        #[arg(long)]
+        plot: Option<PathBuf>,
+    },
 }
 
 impl SampleArgs {
@@ -376,6 +398,40 @@ pub fn main_with(cli: Cli) -> CliResult<()> {
                 println!("{}", report.to_markdown());
                 if let Some(j) = json {
                     std::fs::write(j, serde_json::to_string_pretty(&report)?)?;
+                }
+                Ok(())
+            }
+            BenchKind::Io {
+                model,
+                bytes,
+                repeats,
+                no_gpu,
+                json,
+                plot,
+            } => {
+                let report = crate::bench::io::run(&crate::bench::io::IoBenchOptions {
+                    model: resolve_model(model)?,
+                    bytes: *bytes,
+                    repeats: (*repeats).max(1),
+                    gpu: (!*no_gpu).then(|| {
+                        engine_options(
+                            &cli,
+                            &ModelArgs {
+                                model: None,
+                                ctx: None,
+                            },
+                        )
+                        .gpu
+                    }),
+                })?;
+                println!("{}", report.to_markdown());
+                if let Some(j) = json {
+                    std::fs::write(j, serde_json::to_string_pretty(&report)?)
+                        .map_err(|e| format!("writing {}: {e}", j.display()))?;
+                }
+                if let Some(p) = plot {
+                    std::fs::write(p, report.to_svg())
+                        .map_err(|e| format!("writing {}: {e}", p.display()))?;
                 }
                 Ok(())
             }

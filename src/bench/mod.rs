@@ -1,6 +1,8 @@
 //! Benchmarks behind `flashlm bench` (and `cargo bench`). Each reports medians of several runs
 //! measured side by side in one process.
 
+pub mod io;
+
 use std::sync::Arc;
 
 use serde::Serialize;
