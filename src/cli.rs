@@ -413,15 +413,11 @@ pub fn main_with(cli: Cli) -> CliResult<()> {
                     model: resolve_model(model)?,
                     bytes: *bytes,
                     repeats: (*repeats).max(1),
-                    gpu: (!*no_gpu).then(|| {
-                        engine_options(
-                            &cli,
-                            &ModelArgs {
-                                model: None,
-                                ctx: None,
-                            },
-                        )
-                        .gpu
+                    gpu: (!*no_gpu).then(|| GpuOptions {
+                        backend: cli.backend.clone(),
+                        adapter: cli.adapter.clone(),
+                        budget: None,
+                        matmul_layout: None,
                     }),
                 })?;
                 println!("{}", report.to_markdown());

@@ -297,10 +297,7 @@ pub fn stream(
         if !engine.placement.streaming && resident_ms.is_none() {
             resident_ms = Some(med);
         }
-        eprintln!(
-            "{}: {:.1} ms/token, {}",
-            sc.name, med, engine.placement
-        );
+        eprintln!("{}: {:.1} ms/token, {}", sc.name, med, engine.placement);
         adapter = engine.ctx.info.name.clone();
         backend = engine.ctx.backend_name();
         rows.push(StreamRow {
