@@ -1,0 +1,149 @@
+//! The `flashlm` binary: run with a budget, stats JSON, trace, and clear errors for bad input.
+mod common;
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_flashlm"))
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let p = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&p);
+    std::fs::create_dir_all(&p).unwrap();
+    p
+}
+
+#[test]
+fn unparsable_sizes_and_bad_values_fail_clearly() {
+    for (args, needle) in [
+        (vec!["--gpu-budget", "lots"], "lots"),
+        (vec!["--gpu-budget=-5MiB"], "-5MiB"),
+        (vec!["--dram-budget", "12XB"], "12XB"),
+        (vec!["--io", "floppy"], "floppy"),
+        (vec!["--resident", "head,99"], "99"),
+    ] {
+        let mut cmd = bin();
+        cmd.args(["run", "--prompt", "hi", "-m"])
+            .arg(file!())
+            .args(&args);
+        let out = cmd.output().unwrap();
+        assert!(!out.status.success(), "{args:?} should fail");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(needle), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+    // A file that is not a model.
+    let out = bin().args(["info"]).arg(file!()).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("GGUF") && !err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn run_under_budget_writes_stats_and_trace() {
+    let Some(model) = common::model_path() else {
+        return;
+    };
+    if common::gpu().is_none() {
+        return;
+    }
+    let dir = tmp("run");
+    let stats = dir.join("stats.json");
+    let trace = dir.join("trace.json");
+    let out = bin()
+        .args([
+            "run",
+            "--prompt",
+            "The capital of France is",
+            "-n",
+            "3",
+            "--temp",
+            "0",
+        ])
+        .args(["--gpu-budget", "16MiB", "--ctx", "64", "--io", "mmap", "-m"])
+        .arg(&model)
+        .arg("--stats-json")
+        .arg(&stats)
+        .arg("--trace")
+        .arg(&trace)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("placement (budget 16.00 MiB"), "{stderr}");
+    let j: serde_json::Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
+    assert_eq!(
+        j["prompt_ids"],
+        serde_json::json!([504, 3575, 282, 4649, 314])
+    );
+    assert_eq!(j["generated_ids"], serde_json::json!([7042, 30, 198]));
+    for key in [
+        "prefill_tok_s",
+        "decode_tok_s",
+        "ttft_ms",
+        "flash_bytes_per_token",
+        "peak_device_bytes",
+        "backend",
+        "adapter",
+        "upload_gb_s",
+        "io_wait_share",
+        "overlap_efficiency",
+    ] {
+        assert!(!j[key].is_null(), "missing {key}");
+    }
+    assert!(j["peak_device_bytes"].as_u64().unwrap() <= 16 << 20);
+    // Streaming every layer: more than the layer weights cross per token.
+    assert!(j["flash_bytes_per_token"].as_f64().unwrap() > 50e6);
+    let t: serde_json::Value = serde_json::from_slice(&std::fs::read(&trace).unwrap()).unwrap();
+    let events = t["traceEvents"].as_array().unwrap();
+    let names: Vec<&str> = events.iter().filter_map(|e| e["name"].as_str()).collect();
+    assert!(
+        names.iter().any(|n| n.starts_with("read+upload layer")),
+        "no read spans"
+    );
+    assert!(
+        names.iter().any(|n| n.starts_with("layer ")),
+        "no compute spans"
+    );
+    assert!(
+        events
+            .iter()
+            .all(|e| e["ph"] == "M" || e["dur"].as_f64().is_some())
+    );
+}
+
+#[test]
+fn budget_below_minimum_is_reported_by_the_cli() {
+    let Some(model) = common::model_path() else {
+        return;
+    };
+    if common::gpu().is_none() {
+        return;
+    }
+    let out = bin()
+        .args(["run", "--prompt", "hi", "--gpu-budget", "2MiB", "-m"])
+        .arg(&model)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("below the minimum") && err.contains("layer slots"),
+        "{err}"
+    );
+}
+
+#[test]
+fn missing_default_model_says_how_to_get_it() {
+    let out = bin()
+        .env("FLASHLM_MODEL", "/nonexistent/model.gguf")
+        .args(["run", "--prompt", "hi"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("fetch-model.sh"), "{err}");
+}
