@@ -523,6 +523,8 @@ fn print_stats(engine: &Engine, stats: &GenStats) {
 
 fn run(cli: &Cli, a: &RunArgs) -> CliResult<()> {
     a.sample.check()?;
+    // Syntax of --resident before any loading (layer numbers are checked against the model).
+    ResidentSpec::parse(&a.model.resident, usize::MAX)?;
     let path = resolve_model(&a.model.model)?;
     let m = load_model(&path)?;
     let prompt_ids = m.tokenizer.encode(&a.prompt, false);
@@ -590,6 +592,7 @@ fn run(cli: &Cli, a: &RunArgs) -> CliResult<()> {
 
 fn chat(cli: &Cli, a: &ChatArgs) -> CliResult<()> {
     a.sample.check()?;
+    ResidentSpec::parse(&a.model.resident, usize::MAX)?;
     let path = resolve_model(&a.model.model)?;
     let m = load_model(&path)?;
     let template = ChatTemplate::from_gguf(&m.gguf)?;

@@ -23,7 +23,7 @@ fn unparsable_sizes_and_bad_values_fail_clearly() {
         (vec!["--gpu-budget=-5MiB"], "-5MiB"),
         (vec!["--dram-budget", "12XB"], "12XB"),
         (vec!["--io", "floppy"], "floppy"),
-        (vec!["--resident", "head,99"], "99"),
+        (vec!["--resident", "head,x"], "\"x\""),
     ] {
         let mut cmd = bin();
         cmd.args(["run", "--prompt", "hi", "-m"])
