@@ -244,3 +244,62 @@ mod flash_modes {
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+#[test]
+fn synthetic_every_budget_both_io_modes() {
+    use flashlm::flash::source::FlashSource;
+    use flashlm::flash::{FlashFile, IoMode, ReaderOptions};
+    if common::gpu().is_none() {
+        return;
+    }
+    let spec = SyntheticSpec {
+        n_layers: 5,
+        n_embd: 128,
+        n_heads: 4,
+        n_kv_heads: 2,
+        n_ff: 224,
+        vocab: 4000,
+        weight_type: GgmlType::Q4_1,
+        ctx: 64,
+        untied_output: true,
+    };
+    let bytes = synthetic_llama(&spec, 21);
+    let path = std::env::temp_dir().join(format!("flashlm-modes-{}.gguf", std::process::id()));
+    std::fs::write(&path, &bytes).unwrap();
+    let gguf = Arc::new(GgufFile::from_bytes(bytes).unwrap());
+    let prompt: Vec<u32> = (0..9).map(|k| (k * 401 + 3) % 4000).collect();
+    let mut resident = Engine::new(gguf.clone(), &opts(None, 24)).unwrap();
+    let (want_ids, want_logits) = run(&mut resident, &prompt, 5);
+    let all = resident.placement.total;
+    drop(resident);
+    let min = minimum_budget(&gguf, &opts(None, 24));
+    for mode in [IoMode::Direct, IoMode::Mmap] {
+        for budget in [min, (min + all) / 2, all] {
+            let file = match FlashFile::open(
+                &path,
+                ReaderOptions {
+                    mode,
+                    threads: 2,
+                    chunk: 16 * 1024,
+                },
+            ) {
+                Ok(f) => f,
+                Err(e) if !common::in_ci() => {
+                    eprintln!("skipping {mode}: {e}");
+                    break;
+                }
+                Err(e) => panic!("{e}"),
+            };
+            let src = Box::new(FlashSource::new(file, 0));
+            let mut e = Engine::with_source(gguf.clone(), src, &opts(Some(budget), 24)).unwrap();
+            let (ids, logits) = run(&mut e, &prompt, 5);
+            assert!(
+                e.ctx.budget.peak() <= budget,
+                "{mode} {budget}: peak over budget"
+            );
+            assert_eq!(ids, want_ids, "{mode} {budget}");
+            assert!(logits == want_logits, "{mode} {budget}: logits differ");
+        }
+    }
+    let _ = std::fs::remove_file(&path);
+}
