@@ -147,3 +147,56 @@ fn missing_default_model_says_how_to_get_it() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("fetch-model.sh"), "{err}");
 }
+
+#[test]
+fn info_list_adapters_and_chat() {
+    let Some(model) = common::model_path() else {
+        return;
+    };
+    let out = bin().arg("info").arg(&model).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("tensors: 272"), "{text}");
+    assert!(text.contains("Q4_1") && text.contains("Q8_0"), "{text}");
+    assert!(text.contains("chat template: from the file"), "{text}");
+    if common::gpu().is_none() {
+        return;
+    }
+    let out = bin().arg("--list-adapters").output().unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("0: "));
+
+    // Two turns over stdin, then end of input.
+    use std::io::Write;
+    let mut child = bin()
+        .args(["chat", "--temp", "0", "-n", "6", "--ctx", "256", "-m"])
+        .arg(&model)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"What is the capital of France?\nAnd of Italy?\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // One reply line per turn.
+    assert!(
+        stdout.lines().filter(|l| !l.trim().is_empty()).count() >= 2,
+        "{stdout}"
+    );
+    assert!(stdout.contains("Paris"), "{stdout}");
+}
