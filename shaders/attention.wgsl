@@ -1,7 +1,8 @@
 // Causal grouped-query attention over the KV cache. One workgroup per (head, token): the query
 // token t sits at position pos0 + t and sees keys [0, pos0 + t]. Keys are walked in chunks of WG
 // with an online softmax (running max and sum), so no score buffer is needed.
-// Defines: DPT = ceil(head_dim / WG) output dims per thread.
+// Defines: DPT = ceil(head_dim / WG) output dims per thread; KV_F16: the cache holds f16 pairs
+// packed in u32 words.
 
 struct Params {
     n_heads: u32,
@@ -24,8 +25,27 @@ struct Step {
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<uniform> step: Step;
 @group(0) @binding(2) var<storage, read> q: array<f32>;
+#ifdef KV_F16
+@group(0) @binding(3) var<storage, read> kc: array<u32>;
+@group(0) @binding(4) var<storage, read> vc: array<u32>;
+
+fn k_at(i: u32) -> f32 {
+    return unpack2x16float(kc[i >> 1u])[i & 1u];
+}
+fn v_at(i: u32) -> f32 {
+    return unpack2x16float(vc[i >> 1u])[i & 1u];
+}
+#else
 @group(0) @binding(3) var<storage, read> kc: array<f32>;
 @group(0) @binding(4) var<storage, read> vc: array<f32>;
+
+fn k_at(i: u32) -> f32 {
+    return kc[i];
+}
+fn v_at(i: u32) -> f32 {
+    return vc[i];
+}
+#endif
 @group(0) @binding(5) var<storage, read_write> o: array<f32>;
 
 const WG: u32 = 64u;
@@ -58,7 +78,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
             var dotv = 0.0;
             let kb = j * p.kv_stride + kvb;
             for (var d = 0u; d < hd; d++) {
-                dotv += qs[d] * kc[kb + d];
+                dotv += qs[d] * k_at(kb + d);
             }
             s = dotv * p.scale;
         }
@@ -89,7 +109,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
             for (var k = 0u; k < DPT; k++) {
                 let d = lid + k * WG;
                 if (d < hd) {
-                    acc[k] += pv * vc[vb + d];
+                    acc[k] += pv * v_at(vb + d);
                 }
             }
         }

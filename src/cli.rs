@@ -86,6 +86,9 @@ pub struct ModelArgs {
     /// Streamed layers read ahead of the one computing.
     #[arg(long, default_value_t = 1)]
     pub prefetch: usize,
+    /// KV cache element type: f16 (half the memory) or f32.
+    #[arg(long, default_value = "f16", value_parser = ["f16", "f32"])]
+    pub kv: String,
 }
 
 fn parse_size_arg(s: &str) -> Result<u64, String> {
@@ -286,6 +289,7 @@ fn engine_options(cli: &Cli, m: &ModelArgs, n_layers: usize) -> CliResult<Engine
         },
         ctx: m.ctx,
         prefetch: m.prefetch,
+        kv_f16: m.kv == "f16",
         resident: ResidentSpec::parse(&m.resident, n_layers)?,
         ..Default::default()
     })

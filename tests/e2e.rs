@@ -50,22 +50,31 @@ fn real_model_greedy_ids_and_logits_match_cpu() {
     let prompt = tk.encode("The capital of France is", false);
     assert_eq!(prompt, vec![504, 3575, 282, 4649, 314]);
 
-    let mut engine = Engine::new(gguf.clone(), &EngineOptions::default()).unwrap();
-    let gpu_logits = engine.forward(&prompt).unwrap();
-
-    // CPU reference over the same prompt.
+    // CPU reference over the same prompt, with an f32 and an f16 KV cache like the GPU's.
     let cfg = ModelConfig::from_gguf(&gguf).unwrap();
     let cpu = CpuModel::from_gguf(&gguf, &cfg).unwrap();
-    let mut st = cpu.new_state(64);
-    let mut cpu_logits = Vec::new();
-    for (pos, &id) in prompt.iter().enumerate() {
-        cpu_logits = cpu.forward(&mut st, id, pos).unwrap();
+    for kv_f16 in [false, true] {
+        let mut engine = Engine::new(
+            gguf.clone(),
+            &EngineOptions {
+                kv_f16,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let gpu_logits = engine.forward(&prompt).unwrap();
+        let mut st = cpu.new_state_kv(64, kv_f16);
+        let mut cpu_logits = Vec::new();
+        for (pos, &id) in prompt.iter().enumerate() {
+            cpu_logits = cpu.forward(&mut st, id, pos).unwrap();
+        }
+        let d = rel_max_diff(&gpu_logits, &cpu_logits);
+        eprintln!("first-step logits (f16 KV {kv_f16}): max |gpu - cpu| / max |cpu| = {d:e}");
+        // Tolerance: 1e-3 of the largest logit (f32 sums in another order over 30 layers).
+        assert!(d < 1e-3, "GPU logits differ from the CPU reference by {d}");
+        assert_eq!(argmax(&gpu_logits), argmax(&cpu_logits));
     }
-    let d = rel_max_diff(&gpu_logits, &cpu_logits);
-    eprintln!("first-step logits: max |gpu - cpu| / max |cpu| = {d:e}");
-    // Tolerance: 1e-3 of the largest logit (f32 sums in another order over 30 layers).
-    assert!(d < 1e-3, "GPU logits differ from the CPU reference by {d}");
-    assert_eq!(argmax(&gpu_logits), argmax(&cpu_logits));
+    let mut engine = Engine::new(gguf.clone(), &EngineOptions::default()).unwrap();
 
     engine.reset();
     let (ids, stats) = engine
@@ -131,7 +140,8 @@ fn synthetic_models_every_type_gpu_matches_cpu() {
         .unwrap();
         // A 19-token prompt: three prefill batches of 8, 8 and 3, then single-token steps.
         let prompt: Vec<u32> = (0..19).map(|k| (k * 37 + 5) % 300).collect();
-        let mut st = cpu.new_state(64);
+        // The engine keeps an f16 KV cache by default; the reference rounds the same way.
+        let mut st = cpu.new_state_kv(64, true);
         let mut want = Vec::new();
         for (pos, &id) in prompt.iter().enumerate() {
             want = cpu.forward(&mut st, id, pos).unwrap();

@@ -333,42 +333,94 @@ fn attention_matches_reference_gqa_causal() {
         (6, 2, 80, 130, 3),
         (2, 1, 128, 1, 2),
         (3, 1, 17, 0, 1),
+        (3, 1, 18, 3, 2),
     ] {
-        let n_kv = pos0 + t_count;
-        let kv_dim = nkv * hd;
-        let kc = rng.vec(n_kv * kv_dim, 1.0);
-        let vc = rng.vec(n_kv * kv_dim, 1.0);
-        let q = rng.vec(t_count * nh * hd, 1.0);
-        let qb = ctx.storage_with("q", f32s(&q)).unwrap();
-        let kb = ctx.storage_with("k", f32s(&kc)).unwrap();
-        let vb = ctx.storage_with("v", f32s(&vc)).unwrap();
-        let ob = ctx.storage("o", (t_count * nh * hd * 4) as u64).unwrap();
-        let step = step_buffer(&ctx, t_count as u32, pos0 as u32);
-        let d = kernels::attention(
-            &ctx, &step, &qb, &kb, &vb, &ob, nh as u32, nkv as u32, hd as u32,
-        )
-        .unwrap();
-        run(&ctx, &[d], t_count as u32);
-        let o = ctx.read_f32(&ob, t_count * nh * hd).unwrap();
-        for t in 0..t_count {
-            let seen = pos0 + t + 1;
-            let want = ops::attention(
-                &q[t * nh * hd..(t + 1) * nh * hd],
-                &kc[..seen * kv_dim],
-                &vc[..seen * kv_dim],
-                nh,
-                nkv,
-                hd,
-                seen,
-            );
-            for i in 0..nh * hd {
-                let g = o[t * nh * hd + i];
-                assert!(
-                    (g - want[i]).abs() <= 1e-4 * want[i].abs().max(1.0),
-                    "nh={nh} hd={hd} t={t} i={i}: {g} vs {}",
-                    want[i]
+        for kv_f16 in [false, true] {
+            if kv_f16 && hd % 2 == 1 {
+                continue;
+            }
+            let n_kv = pos0 + t_count;
+            let kv_dim = nkv * hd;
+            let mut kc = rng.vec(n_kv * kv_dim, 1.0);
+            let mut vc = rng.vec(n_kv * kv_dim, 1.0);
+            let q = rng.vec(t_count * nh * hd, 1.0);
+            let to_half = |v: &[f32]| -> Vec<u8> {
+                v.iter()
+                    .flat_map(|x| half::f16::from_f32(*x).to_le_bytes())
+                    .collect()
+            };
+            let (kbytes, vbytes) = if kv_f16 {
+                // The reference sees the same rounded values the cache holds.
+                let (kh, vh) = (to_half(&kc), to_half(&vc));
+                for x in kc.iter_mut().chain(vc.iter_mut()) {
+                    *x = half::f16::from_f32(*x).to_f32();
+                }
+                (kh, vh)
+            } else {
+                (f32s(&kc).to_vec(), f32s(&vc).to_vec())
+            };
+            let qb = ctx.storage_with("q", f32s(&q)).unwrap();
+            let kb = ctx.storage_with("k", &kbytes).unwrap();
+            let vb = ctx.storage_with("v", &vbytes).unwrap();
+            let ob = ctx.storage("o", (t_count * nh * hd * 4) as u64).unwrap();
+            let step = step_buffer(&ctx, t_count as u32, pos0 as u32);
+            let d = kernels::attention(
+                &ctx, &step, &qb, &kb, &vb, &ob, nh as u32, nkv as u32, hd as u32, kv_f16,
+            )
+            .unwrap();
+            run(&ctx, &[d], t_count as u32);
+            let o = ctx.read_f32(&ob, t_count * nh * hd).unwrap();
+            for t in 0..t_count {
+                let seen = pos0 + t + 1;
+                let want = ops::attention(
+                    &q[t * nh * hd..(t + 1) * nh * hd],
+                    &kc[..seen * kv_dim],
+                    &vc[..seen * kv_dim],
+                    nh,
+                    nkv,
+                    hd,
+                    seen,
                 );
+                for i in 0..nh * hd {
+                    let g = o[t * nh * hd + i];
+                    assert!(
+                        (g - want[i]).abs() <= 1e-4 * want[i].abs().max(1.0),
+                        "f16={kv_f16} nh={nh} hd={hd} t={t} i={i}: {g} vs {}",
+                        want[i]
+                    );
+                }
             }
         }
     }
+}
+
+#[test]
+fn kv_store_packs_rows_at_position() {
+    let Some(ctx) = common::gpu() else { return };
+    let mut rng = Rng(17);
+    let (n, t_count, pos0) = (38usize, 3usize, 4usize);
+    let src = rng.vec(t_count * n, 2.0);
+    let sb = ctx.storage_with("src", f32s(&src)).unwrap();
+    let cache = ctx
+        .storage("cache", ((pos0 + t_count) * n * 2) as u64)
+        .unwrap();
+    let step = step_buffer(&ctx, t_count as u32, pos0 as u32);
+    let d = kernels::kv_store_f16(&ctx, &step, &sb, &cache, n as u32).unwrap();
+    run(&ctx, &[d], t_count as u32);
+    let bytes = ctx
+        .read_buffer(&cache, ((pos0 + t_count) * n * 2) as u64)
+        .unwrap();
+    let halves: Vec<f32> = bytes
+        .chunks_exact(2)
+        .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+        .collect();
+    assert!(halves[..pos0 * n].iter().all(|&x| x == 0.0));
+    for (i, &x) in src.iter().enumerate() {
+        assert_eq!(
+            halves[pos0 * n + i],
+            half::f16::from_f32(x).to_f32(),
+            "element {i}"
+        );
+    }
+    assert!(kernels::kv_store_f16(&ctx, &step, &sb, &cache, 37).is_err());
 }

@@ -138,6 +138,8 @@ pub struct EngineOptions {
     pub resident: ResidentSpec,
     /// Keep trace spans (for `--trace`).
     pub trace: bool,
+    /// Store the KV cache in f16 (half the bytes of f32).
+    pub kv_f16: bool,
 }
 
 impl Default for EngineOptions {
@@ -152,6 +154,7 @@ impl Default for EngineOptions {
             head_chunk: 512 * 1024,
             resident: ResidentSpec::Auto,
             trace: false,
+            kv_f16: true,
         }
     }
 }
@@ -223,6 +226,8 @@ struct Buffers {
     last_n: GpuBuffer,
     logits: GpuBuffer,
     readback: GpuBuffer,
+    /// The batch's keys and values before they are packed into an f16 cache.
+    kv_tmp: Option<[GpuBuffer; 2]>,
 }
 
 /// I/O figures accumulated by the engine.
@@ -413,7 +418,10 @@ impl Engine {
         let head_chunk = round16(chunk_rows * head_row);
         let n_head_chunks = head_info.n_rows().div_ceil(chunk_rows);
         let f = |n: usize| round16((n * 4) as u64);
+        let kv_f16 = opts.kv_f16 && kv_dim % 2 == 0;
+        let kv_elt: u64 = if kv_f16 { 2 } else { 4 };
         let activations = 16
+            + if kv_f16 { 2 * f(ubatch * kv_dim) } else { 0 }
             + f(ubatch * cfg.rope_dim.max(2))
             + 2 * f(ubatch * n_embd)
             + 2 * f(ubatch * q_dim)
@@ -427,12 +435,12 @@ impl Engine {
             } else {
                 0
             };
-        let per_layer_dispatches = 11 + if cfg.has_qkv_bias { 3 } else { 0 };
+        let per_layer_dispatches = 13 + if cfg.has_qkv_bias { 3 } else { 0 };
         let dispatches =
             cfg.n_layers as u64 * 2 * per_layer_dispatches + 2 + n_head_chunks.max(4) + 64;
         let params = dispatches * 48;
         let ring = opts.ring_slots.max(1) as u64 * opts.ring_chunk.max(4096).div_ceil(4096) * 4096;
-        let kv_per_token = cfg.n_layers as u64 * 2 * round16(kv_dim as u64 * 4);
+        let kv_per_token = cfg.n_layers as u64 * 2 * kv_dim as u64 * kv_elt;
         let slots_wanted = opts.prefetch + 1;
         let budget = opts.gpu.budget.unwrap_or(u64::MAX);
         let default_ctx = cfg.context_length.clamp(1, 2048);
@@ -534,7 +542,7 @@ impl Engine {
             } else {
                 None
             };
-            let kv_bytes = (max_ctx * kv_dim * 4) as u64;
+            let kv_bytes = max_ctx as u64 * kv_dim as u64 * kv_elt;
             layers.push(Layer {
                 attn_norm: vector(&n("attn_norm.weight"))?,
                 ffn_norm: vector(&n("ffn_norm.weight"))?,
@@ -604,6 +612,14 @@ impl Engine {
                 fb(cfg.vocab_size),
                 wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             )?,
+            kv_tmp: if kv_f16 {
+                Some([
+                    ctx.storage("k batch", fb(u * kv_dim))?,
+                    ctx.storage("v batch", fb(u * kv_dim))?,
+                ])
+            } else {
+                None
+            },
         };
 
         // Dispatch lists: a streamed layer is bound to slot (its index among streamed) % slots.
@@ -1145,25 +1161,27 @@ fn build_layer_plan(
         &b.q,
         io(n_embd, q_dim),
     )?);
-    let at_pos = MatmulIo {
-        y_at_pos: true,
+    // f32 cache: K and V land straight in the cache rows at pos0 + t. f16 cache: they land in
+    // batch buffers, get their bias and RoPE there, and are packed into the cache afterwards.
+    let (k_dst, v_dst, at_pos): (&wgpu::Buffer, &wgpu::Buffer, bool) = match &b.kv_tmp {
+        Some([kt, vt]) => (kt, vt, false),
+        None => (&l.k_cache, &l.v_cache, true),
+    };
+    let kv_io = MatmulIo {
+        y_at_pos: at_pos,
         ..io(n_embd, kv_dim)
     };
-    plan.extend(kernels::matmul(
-        ctx, &b.step, &m.k, &b.xn, &l.k_cache, at_pos,
-    )?);
-    plan.extend(kernels::matmul(
-        ctx, &b.step, &m.v, &b.xn, &l.v_cache, at_pos,
-    )?);
+    plan.extend(kernels::matmul(ctx, &b.step, &m.k, &b.xn, k_dst, kv_io)?);
+    plan.extend(kernels::matmul(ctx, &b.step, &m.v, &b.xn, v_dst, kv_io)?);
     if let Some([bq, bk, bv]) = &l.bias {
         plan.push(kernels::add_bias(
             ctx, &b.step, bq, &b.q, q_dim, q_dim, false,
         )?);
         plan.push(kernels::add_bias(
-            ctx, &b.step, bk, &l.k_cache, kv_dim, kv_dim, true,
+            ctx, &b.step, bk, k_dst, kv_dim, kv_dim, at_pos,
         )?);
         plan.push(kernels::add_bias(
-            ctx, &b.step, bv, &l.v_cache, kv_dim, kv_dim, true,
+            ctx, &b.step, bv, v_dst, kv_dim, kv_dim, at_pos,
         )?);
     }
     let rope_dim = cfg.rope_dim as u32;
@@ -1183,14 +1201,22 @@ fn build_layer_plan(
         ctx,
         &b.step,
         &b.rope_cs,
-        &l.k_cache,
+        k_dst,
         cfg.n_kv_heads as u32,
         hd,
         rope_dim,
         kv_dim,
-        true,
+        at_pos,
         neox,
     )?);
+    if b.kv_tmp.is_some() {
+        plan.push(kernels::kv_store_f16(
+            ctx, &b.step, k_dst, &l.k_cache, kv_dim,
+        )?);
+        plan.push(kernels::kv_store_f16(
+            ctx, &b.step, v_dst, &l.v_cache, kv_dim,
+        )?);
+    }
     plan.push(kernels::attention(
         ctx,
         &b.step,
@@ -1201,6 +1227,7 @@ fn build_layer_plan(
         cfg.n_heads as u32,
         cfg.n_kv_heads as u32,
         hd,
+        b.kv_tmp.is_some(),
     )?);
     plan.extend(kernels::matmul(
         ctx,

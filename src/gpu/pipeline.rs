@@ -18,6 +18,7 @@ pub fn shader_source(name: &str) -> Option<&'static str> {
         "rope" => include_str!("../../shaders/rope.wgsl"),
         "attention" => include_str!("../../shaders/attention.wgsl"),
         "elementwise" => include_str!("../../shaders/elementwise.wgsl"),
+        "kv" => include_str!("../../shaders/kv.wgsl"),
         _ => return None,
     })
 }

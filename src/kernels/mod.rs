@@ -525,7 +525,8 @@ struct AttnParams {
     n_tokens: u32,
 }
 
-/// Causal attention of the batch's queries over the KV cache (positions [0, pos0 + t]).
+/// Causal attention of the batch's queries over the KV cache (positions [0, pos0 + t]); with
+/// `kv_f16` the cache holds packed f16 pairs.
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
     ctx: &GpuContext,
@@ -537,6 +538,7 @@ pub fn attention(
     n_heads: u32,
     n_kv_heads: u32,
     head_dim: u32,
+    kv_f16: bool,
 ) -> Result<Dispatch, KernelError> {
     if n_kv_heads == 0 || !n_heads.is_multiple_of(n_kv_heads) {
         return Err(KernelError::Shape {
@@ -544,13 +546,20 @@ pub fn attention(
             problem: format!("{n_heads} heads are not a multiple of {n_kv_heads} KV heads"),
         });
     }
+    if kv_f16 && !head_dim.is_multiple_of(2) {
+        return Err(KernelError::Shape {
+            kernel: "attention",
+            problem: format!("an f16 KV cache needs an even head dim, not {head_dim}"),
+        });
+    }
     let dpt = head_dim.div_ceil(64).max(1);
-    let pipeline = ctx.pipelines.get(
-        &ctx.device,
-        "attention",
-        "main",
-        &Defines::new().val("DPT", format!("{dpt}u")),
-    )?;
+    let mut defines = Defines::new().val("DPT", format!("{dpt}u"));
+    if kv_f16 {
+        defines = defines.flag("KV_F16");
+    }
+    let pipeline = ctx
+        .pipelines
+        .get(&ctx.device, "attention", "main", &defines)?;
     let p = AttnParams {
         n_heads,
         n_kv_heads,
@@ -613,6 +622,42 @@ pub fn add_bias(
         params,
         &[step, b, y],
         [n.div_ceil(64), 1, 1],
+        TokenAxis::Y(1),
+    ))
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+struct KvParams {
+    n: u32,
+    _pad: [u32; 3],
+}
+
+/// Store the batch's rows of `src` (T x n f32) at cache rows pos0 + t as packed f16.
+pub fn kv_store_f16(
+    ctx: &GpuContext,
+    step: &wgpu::Buffer,
+    src: &wgpu::Buffer,
+    cache: &wgpu::Buffer,
+    n: u32,
+) -> Result<Dispatch, KernelError> {
+    if !n.is_multiple_of(2) {
+        return Err(KernelError::Shape {
+            kernel: "kv_store_f16",
+            problem: format!("row length {n} is odd"),
+        });
+    }
+    let pipeline = ctx
+        .pipelines
+        .get(&ctx.device, "kv", "store_f16", &Defines::new())?;
+    let params = params_buffer(ctx, "kv params", &KvParams { n, _pad: [0; 3] })?;
+    Ok(make_dispatch(
+        ctx,
+        "kv_store",
+        pipeline,
+        params,
+        &[step, src, cache],
+        [(n / 2).div_ceil(64), 1, 1],
         TokenAxis::Y(1),
     ))
 }

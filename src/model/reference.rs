@@ -213,6 +213,8 @@ pub struct CpuModel {
 pub struct CpuState {
     k_cache: Vec<Vec<f32>>,
     v_cache: Vec<Vec<f32>>,
+    /// Round stored keys and values to f16 (as a half-precision KV cache does).
+    kv_f16: bool,
     max_ctx: usize,
     /// Positions `0..len` hold valid entries.
     len: usize,
@@ -298,12 +300,18 @@ impl CpuModel {
     ///
     /// Panics if the cache size overflows `usize`.
     pub fn new_state(&self, max_ctx: usize) -> CpuState {
+        self.new_state_kv(max_ctx, false)
+    }
+
+    /// As [`CpuModel::new_state`]; with `kv_f16` keys and values are rounded to f16 when stored.
+    pub fn new_state_kv(&self, max_ctx: usize, kv_f16: bool) -> CpuState {
         let n = max_ctx
             .checked_mul(self.config.kv_dim())
             .expect("KV cache size overflows usize");
         CpuState {
             k_cache: (0..self.config.n_layers).map(|_| vec![0.0; n]).collect(),
             v_cache: (0..self.config.n_layers).map(|_| vec![0.0; n]).collect(),
+            kv_f16,
             max_ctx,
             len: 0,
         }
@@ -392,6 +400,11 @@ impl CpuModel {
                 c.rope_style,
             );
             let row = pos * kv_dim..(pos + 1) * kv_dim;
+            if state.kv_f16 {
+                let round = |x: &f32| half::f16::from_f32(*x).to_f32();
+                k.iter_mut().for_each(|x| *x = round(x));
+                v.iter_mut().for_each(|x| *x = round(x));
+            }
             state.k_cache[l][row.clone()].copy_from_slice(&k);
             state.v_cache[l][row].copy_from_slice(&v);
             let att = attention(
