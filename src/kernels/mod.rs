@@ -314,7 +314,6 @@ fn matmul_impl(
             problem: format!("token tile {tt} exceeds {} threads per row", layout.tpr),
         });
     }
-    let layout = ctx.matmul_layout;
     let mut defines = Defines::new()
         .flag(type_flag(w.ty))
         .val("ROWS_PER_WG", format!("{}u", layout.rows_per_wg))
@@ -322,6 +321,18 @@ fn matmul_impl(
         .val("TT", format!("{tt}u"));
     if layout.tpr > 1 {
         defines = defines.flag("REDUCE");
+    }
+    let quantized = matches!(w.ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0);
+    if quantized
+        && layout.tpr == 1
+        && tt <= 8
+        && io.x_offset.is_multiple_of(4)
+        && io.x_stride.is_multiple_of(4)
+    {
+        defines = defines.flag("BLOCKS");
+        if layout.share_x && ctx.subgroups8 {
+            defines = defines.flag("SHARE_X");
+        }
     }
     if matches!(w.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) && !w.cols.is_multiple_of(8) {
         defines = defines.flag("RAGGED");
