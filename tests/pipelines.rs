@@ -57,14 +57,15 @@ fn all_shader_variants_compile() {
         .get(&ctx.device, "rope", "main", &Defines::new())
         .unwrap();
     for dpt in [1, 2, 4] {
-        ctx.pipelines
-            .get(
-                &ctx.device,
-                "attention",
-                "main",
-                &Defines::new().val("DPT", format!("{dpt}u")),
-            )
-            .unwrap();
+        for vec4 in [false, true] {
+            let mut d = Defines::new().val("DPT", format!("{dpt}u"));
+            if vec4 {
+                d = d.flag("VEC4");
+            }
+            ctx.pipelines
+                .get(&ctx.device, "attention", "main", &d)
+                .unwrap();
+        }
     }
     ctx.pipelines
         .get(&ctx.device, "elementwise", "add_bias", &Defines::new())

@@ -532,12 +532,14 @@ pub fn attention(
         });
     }
     let dpt = head_dim.div_ceil(64).max(1);
-    let pipeline = ctx.pipelines.get(
-        &ctx.device,
-        "attention",
-        "main",
-        &Defines::new().val("DPT", format!("{dpt}u")),
-    )?;
+    let mut defines = Defines::new().val("DPT", format!("{dpt}u"));
+    // Q's and the caches' strides are whole heads: all multiples of 4 with the head size.
+    if head_dim.is_multiple_of(4) {
+        defines = defines.flag("VEC4");
+    }
+    let pipeline = ctx
+        .pipelines
+        .get(&ctx.device, "attention", "main", &defines)?;
     let p = AttnParams {
         n_heads,
         n_kv_heads,
