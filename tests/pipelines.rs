@@ -34,7 +34,7 @@ fn all_shader_variants_compile() {
                     let mut d = Defines::new()
                         .flag(ty)
                         .flag("BLOCKS")
-                        .val("ROWS_PER_WG", "64u")
+                        .val("ROWS_PER_WG", "8u")
                         .val("TPR", "1u")
                         .val("TT", format!("{tt}u"));
                     if share {

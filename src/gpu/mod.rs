@@ -206,9 +206,10 @@ impl MatmulLayout {
         share_x: false,
     };
     /// CPU rasterizers (lavapipe, llvmpipe): a thread per row, no workgroup barriers; X shared
-    /// through subgroups where the device has them.
+    /// through subgroups where the device has them. Eight rows make one 256-bit SIMD row, and
+    /// small workgroups spread a 192-row matrix evenly over the rasterizer's threads.
     pub const CPU: Self = Self {
-        rows_per_wg: 64,
+        rows_per_wg: 8,
         tpr: 1,
         share_x: true,
     };
