@@ -424,6 +424,7 @@ fn main(
     let last = n_tok - 1u;
     let xs = p.x_stride >> 2u;
     let xo = p.x_offset >> 2u;
+    // The vec4 index of each token's row of X (x4_: x4 names the binding).
     let x0 = xo + min(t0, last) * xs;
     let x1 = xo + min(t0 + 1u, last) * xs;
     let x2 = xo + min(t0 + 2u, last) * xs;

@@ -330,7 +330,8 @@ fn matmul_impl(
         && io.x_stride.is_multiple_of(4)
     {
         defines = defines.flag("BLOCKS");
-        if layout.share_x && ctx.subgroups8 {
+        // Broadcasts need every lane of a subgroup: whole subgroups of 8 per workgroup.
+        if layout.share_x && ctx.subgroups8 && layout.rows_per_wg.is_multiple_of(8) {
             defines = defines.flag("SHARE_X");
         }
     }
