@@ -10,6 +10,12 @@
 // ACC (add into Y: fused residual); SWIGLU (a second weight W2 and Y = silu(W X) * (W2 X));
 // REDUCE (TPR > 1: lanes of a row combine through workgroup memory); RAGGED (float types whose
 // row length may not be a multiple of 8).
+//
+// BLOCKS (quantized types, TPR = 1, TT <= 8, X offset and stride multiples of 4): a separate
+// entry body where each thread walks its row one whole 32-weight block at a time, loading the
+// block's words once, and reads X as vec4s. With SHARE_X as well (8-wide subgroups) each lane
+// of a subgroup loads one vec4 of the block's 32 X values and subgroup broadcasts hand them to
+// the other lanes, so a block costs one X load per lane and token instead of eight.
 
 struct Params {
     rows: u32,
@@ -36,7 +42,11 @@ struct Step {
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<uniform> step: Step;
 @group(0) @binding(2) var<storage, read> w: array<u32>;
+#ifdef BLOCKS
+@group(0) @binding(3) var<storage, read> x4: array<vec4<f32>>;
+#else
 @group(0) @binding(3) var<storage, read> x: array<f32>;
+#endif
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
 #ifdef SWIGLU
 @group(0) @binding(5) var<storage, read> w2: array<u32>;
@@ -92,6 +102,7 @@ fn sbytes(q: u32) -> vec4<f32> {
     );
 }
 
+#ifndef BLOCKS
 struct Unit {
     a: vec4<f32>,
     b: vec4<f32>,
@@ -247,6 +258,248 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     }
 #endif
 }
+
+#endif
+
+#ifdef BLOCKS
+// The 32 weights of one block in column order, four per vector.
+struct Blk {
+    a0: vec4<f32>,
+    a1: vec4<f32>,
+    a2: vec4<f32>,
+    a3: vec4<f32>,
+    a4: vec4<f32>,
+    a5: vec4<f32>,
+    a6: vec4<f32>,
+    a7: vec4<f32>,
+}
+
+// The 32 X values of one block of one token.
+struct Xb {
+    v0: vec4<f32>,
+    v1: vec4<f32>,
+    v2: vec4<f32>,
+    v3: vec4<f32>,
+    v4: vec4<f32>,
+    v5: vec4<f32>,
+    v6: vec4<f32>,
+    v7: vec4<f32>,
+}
+
+#ifdef Q4_1
+const BLOCK_BYTES: u32 = 20u;
+#endif
+#ifdef Q4_0
+const BLOCK_BYTES: u32 = 18u;
+#endif
+#ifdef Q8_0
+const BLOCK_BYTES: u32 = 34u;
+#endif
+
+fn lo4(q: u32) -> vec4<f32> {
+    return vec4<f32>(unpack4xU8(q & 0x0f0f0f0fu));
+}
+
+fn hi4(q: u32) -> vec4<f32> {
+    return vec4<f32>(unpack4xU8((q >> 4u) & 0x0f0f0f0fu));
+}
+
+// Word k of a byte stream starting 2 bytes into word w0 (odd: the stream starts at a word).
+fn shifted(odd: bool, w0: u32, w1: u32) -> u32 {
+    return select((w0 >> 16u) | (w1 << 16u), w1, odd);
+}
+
+// The block at byte offset b (even) of weight s.
+fn load_block(s: u32, b: u32) -> Blk {
+    let i = b >> 2u;
+#ifdef Q4_1
+    // f16 d, f16 m, 16 bytes; byte j holds elements j (low nibble) and j + 16 (high).
+    let dm = unpack2x16float(word(s, i));
+    let q0 = word(s, i + 1u);
+    let q1 = word(s, i + 2u);
+    let q2 = word(s, i + 3u);
+    let q3 = word(s, i + 4u);
+    return Blk(
+        lo4(q0) * dm.x + dm.y, lo4(q1) * dm.x + dm.y, lo4(q2) * dm.x + dm.y, lo4(q3) * dm.x + dm.y,
+        hi4(q0) * dm.x + dm.y, hi4(q1) * dm.x + dm.y, hi4(q2) * dm.x + dm.y, hi4(q3) * dm.x + dm.y
+    );
+#endif
+#ifdef Q4_0
+    // f16 d, 16 bytes as in Q4_1; w = d * (q - 8). Blocks start at even bytes: the five words
+    // from word i hold the whole block.
+    let odd = (b & 2u) != 0u;
+    let w0 = word(s, i);
+    let w1 = word(s, i + 1u);
+    let w2 = word(s, i + 2u);
+    let w3 = word(s, i + 3u);
+    let w4 = word(s, i + 4u);
+    let d = unpack2x16float(select(w0, w0 >> 16u, odd)).x;
+    let q0 = shifted(odd, w0, w1);
+    let q1 = shifted(odd, w1, w2);
+    let q2 = shifted(odd, w2, w3);
+    let q3 = shifted(odd, w3, w4);
+    return Blk(
+        (lo4(q0) - 8.0) * d, (lo4(q1) - 8.0) * d, (lo4(q2) - 8.0) * d, (lo4(q3) - 8.0) * d,
+        (hi4(q0) - 8.0) * d, (hi4(q1) - 8.0) * d, (hi4(q2) - 8.0) * d, (hi4(q3) - 8.0) * d
+    );
+#endif
+#ifdef Q8_0
+    // f16 d, 32 signed bytes; w = d * q. Nine words from word i hold the block.
+    let odd = (b & 2u) != 0u;
+    let w0 = word(s, i);
+    let w1 = word(s, i + 1u);
+    let w2 = word(s, i + 2u);
+    let w3 = word(s, i + 3u);
+    let w4 = word(s, i + 4u);
+    let w5 = word(s, i + 5u);
+    let w6 = word(s, i + 6u);
+    let w7 = word(s, i + 7u);
+    let w8 = word(s, i + 8u);
+    let d = unpack2x16float(select(w0, w0 >> 16u, odd)).x;
+    return Blk(
+        vec4<f32>(unpack4xI8(shifted(odd, w0, w1))) * d,
+        vec4<f32>(unpack4xI8(shifted(odd, w1, w2))) * d,
+        vec4<f32>(unpack4xI8(shifted(odd, w2, w3))) * d,
+        vec4<f32>(unpack4xI8(shifted(odd, w3, w4))) * d,
+        vec4<f32>(unpack4xI8(shifted(odd, w4, w5))) * d,
+        vec4<f32>(unpack4xI8(shifted(odd, w5, w6))) * d,
+        vec4<f32>(unpack4xI8(shifted(odd, w6, w7))) * d,
+        vec4<f32>(unpack4xI8(shifted(odd, w7, w8))) * d
+    );
+#endif
+}
+
+// The block's X values starting at vec4 index i.
+fn x_block(i: u32, lane: u32) -> Xb {
+#ifdef SHARE_X
+    let v = x4[i + lane];
+    return Xb(
+        subgroupBroadcast(v, 0u), subgroupBroadcast(v, 1u), subgroupBroadcast(v, 2u),
+        subgroupBroadcast(v, 3u), subgroupBroadcast(v, 4u), subgroupBroadcast(v, 5u),
+        subgroupBroadcast(v, 6u), subgroupBroadcast(v, 7u)
+    );
+#else
+    return Xb(x4[i], x4[i + 1u], x4[i + 2u], x4[i + 3u], x4[i + 4u], x4[i + 5u], x4[i + 6u], x4[i + 7u]);
+#endif
+}
+
+fn dot_block(w: Blk, x: Xb) -> f32 {
+    return dot(w.a0, x.v0) + dot(w.a1, x.v1) + dot(w.a2, x.v2) + dot(w.a3, x.v3)
+        + dot(w.a4, x.v4) + dot(w.a5, x.v5) + dot(w.a6, x.v6) + dot(w.a7, x.v7);
+}
+
+// One token's sums for a block: (W x, W2 x).
+fn token(w: Blk, w2: Blk, i: u32, lane: u32) -> vec2<f32> {
+    let xb = x_block(i, lane);
+#ifdef SWIGLU
+    return vec2<f32>(dot_block(w, xb), dot_block(w2, xb));
+#else
+    return vec2<f32>(dot_block(w, xb), 0.0);
+#endif
+}
+
+fn emit(t: u32, n_tok: u32, r: u32, s: vec2<f32>) {
+    if (t < n_tok) {
+        store(t, r, s.x, s.y);
+    }
+}
+
+// Every lane runs the whole loop (rows past the end read the last row and store nothing), so
+// subgroup broadcasts always see a full subgroup. Tokens past the batch read its last token.
+@compute @workgroup_size(WG)
+fn main(
+    @builtin(local_invocation_index) lid: u32,
+    @builtin(workgroup_id) wid: vec3<u32>,
+#ifdef SHARE_X
+    @builtin(subgroup_invocation_id) lane: u32,
+#endif
+) {
+#ifndef SHARE_X
+    let lane = 0u;
+#endif
+    let n_tok = select(step.n_tokens, p.n_tokens, p.n_tokens != 0u);
+    let r = wid.x * ROWS_PER_WG + lid;
+    let rb = min(r, p.rows - 1u) * p.row_bytes;
+    let t0 = wid.y * TT;
+    let last = n_tok - 1u;
+    let xs = p.x_stride >> 2u;
+    let xo = p.x_offset >> 2u;
+    // The vec4 index of each token's row of X (x4_: x4 names the binding).
+    let x0 = xo + min(t0, last) * xs;
+    let x1 = xo + min(t0 + 1u, last) * xs;
+    let x2 = xo + min(t0 + 2u, last) * xs;
+    let x3 = xo + min(t0 + 3u, last) * xs;
+    let x4_ = xo + min(t0 + 4u, last) * xs;
+    let x5 = xo + min(t0 + 5u, last) * xs;
+    let x6 = xo + min(t0 + 6u, last) * xs;
+    let x7 = xo + min(t0 + 7u, last) * xs;
+    var s0 = vec2<f32>(0.0);
+    var s1 = vec2<f32>(0.0);
+    var s2 = vec2<f32>(0.0);
+    var s3 = vec2<f32>(0.0);
+    var s4 = vec2<f32>(0.0);
+    var s5 = vec2<f32>(0.0);
+    var s6 = vec2<f32>(0.0);
+    var s7 = vec2<f32>(0.0);
+    let n_blocks = p.cols / 32u;
+    for (var k = 0u; k < n_blocks; k++) {
+        let b = rb + k * BLOCK_BYTES;
+        let wb = load_block(0u, b);
+#ifdef SWIGLU
+        let wb2 = load_block(1u, b);
+#else
+        let wb2 = wb;
+#endif
+        let c = k * 8u;
+        s0 += token(wb, wb2, x0 + c, lane);
+        if (TT > 1u) {
+            s1 += token(wb, wb2, x1 + c, lane);
+        }
+        if (TT > 2u) {
+            s2 += token(wb, wb2, x2 + c, lane);
+        }
+        if (TT > 3u) {
+            s3 += token(wb, wb2, x3 + c, lane);
+        }
+        if (TT > 4u) {
+            s4 += token(wb, wb2, x4_ + c, lane);
+        }
+        if (TT > 5u) {
+            s5 += token(wb, wb2, x5 + c, lane);
+        }
+        if (TT > 6u) {
+            s6 += token(wb, wb2, x6 + c, lane);
+        }
+        if (TT > 7u) {
+            s7 += token(wb, wb2, x7 + c, lane);
+        }
+    }
+    if (r < p.rows) {
+        emit(t0, n_tok, r, s0);
+        if (TT > 1u) {
+            emit(t0 + 1u, n_tok, r, s1);
+        }
+        if (TT > 2u) {
+            emit(t0 + 2u, n_tok, r, s2);
+        }
+        if (TT > 3u) {
+            emit(t0 + 3u, n_tok, r, s3);
+        }
+        if (TT > 4u) {
+            emit(t0 + 4u, n_tok, r, s4);
+        }
+        if (TT > 5u) {
+            emit(t0 + 5u, n_tok, r, s5);
+        }
+        if (TT > 6u) {
+            emit(t0 + 6u, n_tok, r, s6);
+        }
+        if (TT > 7u) {
+            emit(t0 + 7u, n_tok, r, s7);
+        }
+    }
+}
+#endif
 
 fn store(t: u32, r: u32, v: f32, v2: f32) {
     var yo = p.y_offset + t * p.y_stride + r;

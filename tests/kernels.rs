@@ -89,10 +89,13 @@ fn check_matmul(
 fn matmul_every_type_odd_sizes() {
     let Some(mut ctx) = common::gpu() else { return };
     let mut rng = Rng(7);
-    for (ty, layout) in TYPES
-        .into_iter()
-        .flat_map(|t| [(t, MatmulLayout::CPU), (t, MatmulLayout::GPU)])
-    {
+    for (ty, layout) in TYPES.into_iter().flat_map(|t| {
+        [
+            (t, MatmulLayout::CPU),
+            (t, MatmulLayout::CPU_PLAIN),
+            (t, MatmulLayout::GPU),
+        ]
+    }) {
         ctx.matmul_layout = layout;
         let float = matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
         // Rows never a multiple of the 4 rows per workgroup; float types with ragged columns.
@@ -146,7 +149,13 @@ fn matmul_swiglu_matches_reference() {
     let mut rng = Rng(11);
     for (ty, layout) in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::F16]
         .into_iter()
-        .flat_map(|t| [(t, MatmulLayout::CPU), (t, MatmulLayout::GPU)])
+        .flat_map(|t| {
+            [
+                (t, MatmulLayout::CPU),
+                (t, MatmulLayout::CPU_PLAIN),
+                (t, MatmulLayout::GPU),
+            ]
+        })
     {
         ctx.matmul_layout = layout;
         let (rows, cols, t_count) = (45usize, 96usize, 5usize);

@@ -23,6 +23,33 @@ fn all_shader_variants_compile() {
             }
         }
     }
+    // The thread-per-row block path of the quantized types, with and without shared X.
+    for ty in ["Q4_0", "Q4_1", "Q8_0"] {
+        for tt in [1, 8] {
+            for extra in [None, Some("ACC"), Some("SWIGLU")] {
+                for share in [false, true] {
+                    if share && !ctx.subgroups8 {
+                        continue;
+                    }
+                    let mut d = Defines::new()
+                        .flag(ty)
+                        .flag("BLOCKS")
+                        .val("ROWS_PER_WG", "8u")
+                        .val("TPR", "1u")
+                        .val("TT", format!("{tt}u"));
+                    if share {
+                        d = d.flag("SHARE_X");
+                    }
+                    if let Some(e) = extra {
+                        d = d.flag(e);
+                    }
+                    ctx.pipelines
+                        .get(&ctx.device, "matmul", "main", &d)
+                        .unwrap_or_else(|e| panic!("{ty} {tt} {extra:?} share={share}: {e}"));
+                }
+            }
+        }
+    }
     ctx.pipelines
         .get(&ctx.device, "rmsnorm", "main", &Defines::new())
         .unwrap();
@@ -30,14 +57,15 @@ fn all_shader_variants_compile() {
         .get(&ctx.device, "rope", "main", &Defines::new())
         .unwrap();
     for dpt in [1, 2, 4] {
-        ctx.pipelines
-            .get(
-                &ctx.device,
-                "attention",
-                "main",
-                &Defines::new().val("DPT", format!("{dpt}u")),
-            )
-            .unwrap();
+        for vec4 in [false, true] {
+            let mut d = Defines::new().val("DPT", format!("{dpt}u"));
+            if vec4 {
+                d = d.flag("VEC4");
+            }
+            ctx.pipelines
+                .get(&ctx.device, "attention", "main", &d)
+                .unwrap();
+        }
     }
     ctx.pipelines
         .get(&ctx.device, "elementwise", "add_bias", &Defines::new())

@@ -194,6 +194,9 @@ pub struct MatmulLayout {
     pub rows_per_wg: u32,
     /// Threads per row (a power of two; 1 means no cross-thread reduction).
     pub tpr: u32,
+    /// With one thread per row on a device with 8-wide subgroups: each lane loads a different
+    /// part of X and the lanes share it by subgroup broadcasts (ignored elsewhere).
+    pub share_x: bool,
 }
 
 impl MatmulLayout {
@@ -201,11 +204,20 @@ impl MatmulLayout {
     pub const GPU: Self = Self {
         rows_per_wg: 4,
         tpr: 16,
+        share_x: false,
     };
-    /// CPU rasterizers (lavapipe, llvmpipe): a thread per row, no workgroup barriers.
+    /// CPU rasterizers (lavapipe, llvmpipe): a thread per row, no workgroup barriers; X shared
+    /// through subgroups where the device has them. Eight rows make one 256-bit SIMD row, and
+    /// small workgroups spread a 192-row matrix evenly over the rasterizer's threads.
     pub const CPU: Self = Self {
-        rows_per_wg: 64,
+        rows_per_wg: 8,
         tpr: 1,
+        share_x: true,
+    };
+    /// [`Self::CPU`] without subgroup operations (what adapters without them run).
+    pub const CPU_PLAIN: Self = Self {
+        share_x: false,
+        ..Self::CPU
     };
 }
 
@@ -213,6 +225,8 @@ impl MatmulLayout {
 pub struct GpuContext {
     /// Matrix kernel layout, chosen from the adapter type (tests switch it).
     pub matmul_layout: MatmulLayout,
+    /// The device was opened with subgroup operations and its subgroups are always 8 wide.
+    pub subgroups8: bool,
     pub device: wgpu::Device,
     pub queue: wgpu::Queue,
     pub info: wgpu::AdapterInfo,
@@ -288,9 +302,14 @@ impl GpuContext {
         };
         let info = adapter.get_info();
         let limits = adapter.limits();
+        // Subgroups are optional (the GL backend has none): request them only where offered.
+        let features = adapter.features() & wgpu::Features::SUBGROUP;
+        let subgroups8 = features.contains(wgpu::Features::SUBGROUP)
+            && info.subgroup_min_size == 8
+            && info.subgroup_max_size == 8;
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("flashlm"),
-            required_features: wgpu::Features::empty(),
+            required_features: features,
             required_limits: limits.clone(),
             experimental_features: wgpu::ExperimentalFeatures::disabled(),
             memory_hints: wgpu::MemoryHints::Performance,
@@ -323,6 +342,7 @@ impl GpuContext {
         };
         Ok(Self {
             matmul_layout,
+            subgroups8,
             pipelines: PipelineCache::new(),
             device,
             queue,

@@ -360,6 +360,19 @@ pub fn matmul_part(
     if layout.tpr > 1 {
         defines = defines.flag("REDUCE");
     }
+    let quantized = matches!(w.ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0);
+    if quantized
+        && layout.tpr == 1
+        && tt <= 8
+        && io.x_offset.is_multiple_of(4)
+        && io.x_stride.is_multiple_of(4)
+    {
+        defines = defines.flag("BLOCKS");
+        // Broadcasts need every lane of a subgroup: whole subgroups of 8 per workgroup.
+        if layout.share_x && ctx.subgroups8 && layout.rows_per_wg.is_multiple_of(8) {
+            defines = defines.flag("SHARE_X");
+        }
+    }
     if matches!(w.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) && !w.cols.is_multiple_of(8) {
         defines = defines.flag("RAGGED");
     }
@@ -556,6 +569,10 @@ pub fn attention(
     let mut defines = Defines::new().val("DPT", format!("{dpt}u"));
     if kv_f16 {
         defines = defines.flag("KV_F16");
+    }
+    // Q's and the caches' strides are whole heads: all multiples of 4 with the head size.
+    if head_dim.is_multiple_of(4) {
+        defines = defines.flag("VEC4");
     }
     let pipeline = ctx
         .pipelines
