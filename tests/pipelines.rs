@@ -58,17 +58,25 @@ fn all_shader_variants_compile() {
         .unwrap();
     for dpt in [1, 2, 4] {
         for vec4 in [false, true] {
-            let mut d = Defines::new().val("DPT", format!("{dpt}u"));
-            if vec4 {
-                d = d.flag("VEC4");
+            for f16 in [false, true] {
+                let mut d = Defines::new().val("DPT", format!("{dpt}u"));
+                if vec4 {
+                    d = d.flag("VEC4");
+                }
+                if f16 {
+                    d = d.flag("KV_F16");
+                }
+                ctx.pipelines
+                    .get(&ctx.device, "attention", "main", &d)
+                    .unwrap_or_else(|e| panic!("attention dpt={dpt} vec4={vec4} f16={f16}: {e}"));
             }
-            ctx.pipelines
-                .get(&ctx.device, "attention", "main", &d)
-                .unwrap();
         }
     }
     ctx.pipelines
         .get(&ctx.device, "elementwise", "add_bias", &Defines::new())
+        .unwrap();
+    ctx.pipelines
+        .get(&ctx.device, "kv", "store_f16", &Defines::new())
         .unwrap();
     // Cached: asking again compiles nothing new.
     let n = ctx.pipelines.len();
