@@ -107,3 +107,57 @@ fn ring_short_read_is_an_error_and_ring_stays_usable() {
     ring.upload(&ctx, &src, 0, 12_000, &dst, 0).unwrap();
     assert_eq!(ctx.read_buffer(&dst, 12_000).unwrap(), &src.data[..12_000]);
 }
+
+/// A source that asks for 4 KiB placement and records where each read landed.
+struct AlignedSource {
+    data: Vec<u8>,
+    landed: std::sync::Mutex<Vec<(u64, usize)>>,
+}
+
+impl ChunkSource for AlignedSource {
+    fn read_into(
+        &self,
+        offset: u64,
+        dst: &mut [u8],
+    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        self.landed
+            .lock()
+            .unwrap()
+            .push((offset, dst.as_ptr() as usize));
+        self.data.as_slice().read_into(offset, dst)
+    }
+    fn preferred_alignment(&self) -> u64 {
+        4096
+    }
+}
+
+#[test]
+fn ring_places_chunks_at_the_source_alignment() {
+    let Some(ctx) = common::gpu() else { return };
+    let src = AlignedSource {
+        data: random_bytes(70_000, 5),
+        landed: Default::default(),
+    };
+    let mut ring = StagingRing::new(&ctx, 3, 8192).unwrap();
+    let dst = ctx.storage("dst", 70_000).unwrap();
+    // 4-byte aligned offsets move with the file; others fall back to the slot start.
+    for (off, len) in [(4100u64, 30_001u64), (4102, 20_000), (0, 8192)] {
+        ring.upload(&ctx, &src, off, len, &dst, 0).unwrap();
+        let back = ctx.read_buffer(&dst, len).unwrap();
+        assert_eq!(
+            &back[..],
+            &src.data[off as usize..(off + len) as usize],
+            "offset {off}"
+        );
+    }
+    let landed = src.landed.lock().unwrap();
+    // Chunks whose file offset is a multiple of 4 keep their position within the page.
+    let aligned = landed
+        .iter()
+        .filter(|(o, p)| o % 4 == 0 && (*p % 4096) as u64 == o % 4096)
+        .count();
+    let eligible = landed.iter().filter(|(o, _)| o % 4 == 0).count();
+    eprintln!("{aligned} of {eligible} eligible chunks landed at the file's page offset");
+    assert!(eligible > 0);
+    assert_eq!(aligned, eligible);
+}

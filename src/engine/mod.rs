@@ -129,7 +129,8 @@ pub struct EngineOptions {
     pub ubatch: usize,
     /// Streamed layers read ahead of the one computing (layer slots = prefetch + 1).
     pub prefetch: usize,
-    /// Staging ring: slots and bytes per slot.
+    /// Staging ring: slots (0: enough to hold one streamed layer plus one chunk, so a layer's
+    /// upload never waits for the GPU to finish the layer before it) and bytes per slot.
     pub ring_slots: usize,
     pub ring_chunk: u64,
     /// Bytes per output-head chunk when the head streams.
@@ -149,8 +150,8 @@ impl Default for EngineOptions {
             ctx: None,
             ubatch: 64,
             prefetch: 1,
-            ring_slots: 4,
-            ring_chunk: 128 * 1024,
+            ring_slots: 0,
+            ring_chunk: 512 * 1024,
             head_chunk: 512 * 1024,
             resident: ResidentSpec::Auto,
             trace: false,
@@ -439,7 +440,20 @@ impl Engine {
         let dispatches =
             cfg.n_layers as u64 * 2 * per_layer_dispatches + 2 + n_head_chunks.max(4) + 64;
         let params = dispatches * 48;
-        let ring = opts.ring_slots.max(1) as u64 * opts.ring_chunk.max(4096).div_ceil(4096) * 4096;
+        let ring_chunk = opts.ring_chunk.max(4096).div_ceil(4096) * 4096;
+        let largest_layer: u64 = layer_files
+            .iter()
+            .map(|f| f.iter().map(|t| t.n_bytes).sum::<u64>())
+            .max()
+            .unwrap_or(0);
+        // Uploads are queued behind the compute already submitted, so a staging slot comes back
+        // only when the GPU has passed that point: hold a whole layer to never stall on it.
+        let ring_slots = if opts.ring_slots == 0 {
+            (largest_layer.div_ceil(ring_chunk) as usize + 1).clamp(3, 64)
+        } else {
+            opts.ring_slots
+        };
+        let ring = crate::gpu::staging::ring_bytes(ring_slots, ring_chunk);
         let kv_per_token = cfg.n_layers as u64 * 2 * kv_dim as u64 * kv_elt;
         let slots_wanted = opts.prefetch + 1;
         let budget = opts.gpu.budget.unwrap_or(u64::MAX);
@@ -581,11 +595,7 @@ impl Engine {
             }
         }
         let ring = if placement.streaming {
-            Some(StagingRing::new(
-                &ctx,
-                opts.ring_slots.max(1),
-                opts.ring_chunk,
-            )?)
+            Some(StagingRing::new(&ctx, ring_slots, ring_chunk)?)
         } else {
             None
         };

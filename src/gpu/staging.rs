@@ -20,6 +20,13 @@ pub trait ChunkSource {
         offset: u64,
         dst: &mut [u8],
     ) -> Result<(), Box<dyn std::error::Error + Send + Sync>>;
+
+    /// Alignment the source reads fastest into: the ring places the bytes at file offset `o` at
+    /// a staging address congruent to `o` modulo this (direct I/O then reads straight into
+    /// staging memory instead of through a bounce buffer).
+    fn preferred_alignment(&self) -> u64 {
+        1
+    }
 }
 
 /// A plain byte slice as a source (tests, data already in memory).
@@ -98,6 +105,14 @@ impl UploadStats {
     }
 }
 
+/// Extra bytes per slot so a chunk can start at any offset below 4 KiB.
+const SLACK: u64 = 4096;
+
+/// Device bytes of a ring of `n` slots of `chunk` bytes (as [`StagingRing::new`] allocates).
+pub fn ring_bytes(n: usize, chunk: u64) -> u64 {
+    n.max(1) as u64 * (chunk.max(4096).div_ceil(4096) * 4096 + SLACK)
+}
+
 /// N mapped staging buffers reused round-robin.
 pub struct StagingRing {
     slots: Vec<Slot>,
@@ -107,14 +122,15 @@ pub struct StagingRing {
 }
 
 impl StagingRing {
-    /// `n` slots of `chunk` bytes (rounded up to 4 KiB), counted against the device budget.
+    /// `n` slots of `chunk` bytes (rounded up to 4 KiB) plus 4 KiB of placement slack each,
+    /// counted against the device budget.
     pub fn new(ctx: &GpuContext, n: usize, chunk: u64) -> Result<Self, GpuError> {
         let chunk = chunk.max(4096).div_ceil(4096) * 4096;
         let mut slots = Vec::with_capacity(n.max(1));
         for i in 0..n.max(1) {
             let buf = ctx.buffer_mapped(
                 &format!("staging[{i}]"),
-                chunk,
+                chunk + SLACK,
                 wgpu::BufferUsages::MAP_WRITE | wgpu::BufferUsages::COPY_SRC,
             )?;
             slots.push(Slot {
@@ -139,7 +155,7 @@ impl StagingRing {
         self.slots.len()
     }
 
-    /// Bytes of device memory the ring holds.
+    /// Bytes of device memory the ring holds (as [`ring_bytes`] computes).
     pub fn device_bytes(&self) -> u64 {
         self.slots.iter().map(|s| s.buf.size).sum()
     }
@@ -253,11 +269,15 @@ impl StagingRing {
             self.acquire(ctx, i)?;
             stats.wait_s += t_wait.elapsed().as_secs_f64();
             let padded = n.div_ceil(4) * 4;
+            let align = src.preferred_alignment().clamp(1, SLACK);
+            let src_at = src_offset + done;
             let t_read = Instant::now();
+            let mut lead = 0u64;
             let read = {
                 let slot = &self.slots[i];
-                let slice = slot.buf.slice(0..padded);
-                let mut view = slice
+                let mut view = slot
+                    .buf
+                    .slice(..)
                     .get_mapped_range_mut()
                     .map_err(|e| GpuError::MapFailed(e.to_string()))?;
                 let mut w = view.slice(..);
@@ -267,9 +287,20 @@ impl StagingRing {
                 // ends, and the memory is initialized (wgpu zero-fills new buffers). Sources only
                 // write into the slice (file reads, copies), so no read of write-combined
                 // memory happens; this lets the file be read straight into staging memory.
-                let bytes: &mut [u8] = unsafe { std::slice::from_raw_parts_mut(ptr.as_ptr(), len) };
+                let view_bytes: &mut [u8] =
+                    unsafe { std::slice::from_raw_parts_mut(ptr.as_ptr(), len) };
+                // Start the bytes at an address congruent to their file offset modulo the
+                // source's alignment (copy offsets must stay multiples of 4).
+                if align > 1 {
+                    let addr = ptr.as_ptr() as u64;
+                    let want = (src_at % align + align - addr % align) % align;
+                    if want.is_multiple_of(4) && want + padded <= len as u64 {
+                        lead = want;
+                    }
+                }
+                let bytes = &mut view_bytes[lead as usize..(lead + padded) as usize];
                 bytes[n as usize..].fill(0);
-                src.read_into(src_offset + done, &mut bytes[..n as usize])
+                src.read_into(src_at, &mut bytes[..n as usize])
             };
             stats.read_s += t_read.elapsed().as_secs_f64();
             self.slots[i].buf.unmap();
@@ -286,7 +317,7 @@ impl StagingRing {
                 .create_command_encoder(&wgpu::CommandEncoderDescriptor {
                     label: Some("upload"),
                 });
-            enc.copy_buffer_to_buffer(&self.slots[i].buf, 0, dst, dst_offset + done, padded);
+            enc.copy_buffer_to_buffer(&self.slots[i].buf, lead, dst, dst_offset + done, padded);
             let sub = ctx.queue.submit([enc.finish()]);
             self.slots[i].submission = Some(sub);
             self.request_map(i);
