@@ -17,15 +17,7 @@ struct Params {
     n_tokens: u32,
 }
 
-struct Step {
-    n_tokens: u32,
-    pos0: u32,
-    _pad0: u32,
-    _pad1: u32,
-}
-
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<uniform> step: Step;
 #ifdef VEC4
 @group(0) @binding(2) var<storage, read> q4: array<vec4<f32>>;
 #else

@@ -11,15 +11,7 @@ struct Params {
     _pad1: u32,
 }
 
-struct Step {
-    n_tokens: u32,
-    pos0: u32,
-    _pad0: u32,
-    _pad1: u32,
-}
-
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<uniform> step: Step;
 @group(0) @binding(2) var<storage, read> x: array<f32>;
 @group(0) @binding(3) var<storage, read> wt: array<f32>;
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;

@@ -172,6 +172,22 @@ struct Mats {
 }
 
 impl Mats {
+    /// From the seven matrices in `MATRIX_NAMES` order.
+    fn from_vec(m: Vec<GpuWeight>) -> Result<Self, EngineError> {
+        let [q, k, v, o, g, u, d]: [GpuWeight; 7] = m
+            .try_into()
+            .map_err(|_| EngineError::MissingTensor("a layer matrix".into()))?;
+        Ok(Self {
+            q,
+            k,
+            v,
+            o,
+            g,
+            u,
+            d,
+        })
+    }
+
     fn all(&self) -> [&GpuWeight; 7] {
         [
             &self.q, &self.k, &self.v, &self.o, &self.g, &self.u, &self.d,
@@ -542,17 +558,7 @@ impl Engine {
                 for t in &files {
                     m.push(upload_matrix(t, &mut load_bytes)?);
                 }
-                let mut it = m.into_iter();
-                let mut next = || it.next().ok_or_else(|| EngineError::MissingTensor(n("?")));
-                Some(Mats {
-                    q: next()?,
-                    k: next()?,
-                    v: next()?,
-                    o: next()?,
-                    g: next()?,
-                    u: next()?,
-                    d: next()?,
-                })
+                Some(Mats::from_vec(m)?)
             } else {
                 None
             };
@@ -578,20 +584,7 @@ impl Engine {
                 for t in files {
                     m.push(alloc_weight(&ctx, &format!("slot{s}.{}", t.name), t)?);
                 }
-                let mut it = m.into_iter();
-                let mut next = || {
-                    it.next()
-                        .ok_or_else(|| EngineError::MissingTensor("slot".into()))
-                };
-                slots.push(Mats {
-                    q: next()?,
-                    k: next()?,
-                    v: next()?,
-                    o: next()?,
-                    g: next()?,
-                    u: next()?,
-                    d: next()?,
-                });
+                slots.push(Mats::from_vec(m)?);
             }
         }
         let ring = if placement.streaming {

@@ -378,6 +378,26 @@ impl GpuContext {
         size: u64,
         usage: wgpu::BufferUsages,
     ) -> Result<GpuBuffer, GpuError> {
+        self.alloc(label, size, usage, false)
+    }
+
+    /// A buffer created mapped (for staging), counted against the budget.
+    pub fn buffer_mapped(
+        &self,
+        label: &str,
+        size: u64,
+        usage: wgpu::BufferUsages,
+    ) -> Result<GpuBuffer, GpuError> {
+        self.alloc(label, size, usage, true)
+    }
+
+    fn alloc(
+        &self,
+        label: &str,
+        size: u64,
+        usage: wgpu::BufferUsages,
+        mapped_at_creation: bool,
+    ) -> Result<GpuBuffer, GpuError> {
         // wgpu wants sizes that are multiples of 4; keep everything 16-byte rounded.
         let size = size.max(16).div_ceil(16) * 16;
         if size > self.limits.max_buffer_size {
@@ -392,36 +412,7 @@ impl GpuContext {
             label: Some(label),
             size,
             usage,
-            mapped_at_creation: false,
-        });
-        Ok(GpuBuffer {
-            buffer,
-            size,
-            budget: self.budget.clone(),
-        })
-    }
-
-    /// A buffer created mapped (for staging), counted against the budget.
-    pub fn buffer_mapped(
-        &self,
-        label: &str,
-        size: u64,
-        usage: wgpu::BufferUsages,
-    ) -> Result<GpuBuffer, GpuError> {
-        let size = size.max(16).div_ceil(16) * 16;
-        if size > self.limits.max_buffer_size {
-            return Err(GpuError::BufferTooLarge {
-                label: label.to_string(),
-                size,
-                limit: self.limits.max_buffer_size,
-            });
-        }
-        self.budget.reserve(label, size)?;
-        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some(label),
-            size,
-            usage,
-            mapped_at_creation: true,
+            mapped_at_creation,
         });
         Ok(GpuBuffer {
             buffer,

@@ -2,13 +2,17 @@
 //! (shader, entry point, defines).
 //!
 //! Shaders live in `shaders/*.wgsl`. Before compilation each define with a value becomes a
-//! `const NAME = VALUE;` line at the top, and `#ifdef NAME` / `#ifndef NAME` / `#else` /
-//! `#endif` lines keep or drop the lines between them.
+//! `const NAME = VALUE;` line at the top, `shaders/common.wgsl` (shared declarations) follows,
+//! and `#ifdef NAME` / `#ifndef NAME` / `#else` / `#endif` lines keep or drop the lines between
+//! them.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 use super::GpuError;
+
+/// Declarations shared by every shader.
+const COMMON: &str = include_str!("../../shaders/common.wgsl");
 
 /// The shader files, embedded at build time.
 pub fn shader_source(name: &str) -> Option<&'static str> {
@@ -58,6 +62,7 @@ pub fn preprocess(src: &str, defines: &Defines) -> Result<String, String> {
             out.push_str(&format!("const {k} = {v};\n"));
         }
     }
+    out.push_str(COMMON);
     // Stack of (this block active, some branch already taken).
     let mut stack: Vec<(bool, bool)> = Vec::new();
     let active = |stack: &Vec<(bool, bool)>| stack.iter().all(|&(a, _)| a);
@@ -176,10 +181,12 @@ mod tests {
         let src = "a\n#ifdef X\nb\n#else\nc\n#endif\n#ifndef Y\nd\n#endif\ne";
         let out = preprocess(src, &Defines::new().flag("X").val("N", "4u")).unwrap();
         let lines: Vec<&str> = out.lines().filter(|l| !l.is_empty()).collect();
-        assert_eq!(lines, vec!["const N = 4u;", "a", "b", "d", "e"]);
+        let common = COMMON.lines().filter(|l| !l.is_empty()).count();
+        assert_eq!(lines[1 + common..], ["a", "b", "d", "e"]);
+        assert_eq!(lines[0], "const N = 4u;");
         let out = preprocess(src, &Defines::new().flag("Y")).unwrap();
         let lines: Vec<&str> = out.lines().filter(|l| !l.is_empty()).collect();
-        assert_eq!(lines, vec!["a", "c", "e"]);
+        assert_eq!(lines[common..], ["a", "c", "e"]);
         assert!(preprocess("#ifdef A\nx", &Defines::new()).is_err());
         assert!(preprocess("#endif", &Defines::new()).is_err());
     }
