@@ -577,6 +577,7 @@ fn run(cli: &Cli, a: &RunArgs) -> CliResult<()> {
             "flash_to_gpu_gb_s": stats.flash_to_gpu_gb_s,
             "io_wait_share": stats.io_wait_share,
             "overlap_efficiency": stats.overlap_efficiency,
+            "io_s": stats.io_s,
             "read_s": stats.read_s,
             "compute_s": stats.compute_s,
             "placement": engine.placement.to_string(),

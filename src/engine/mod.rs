@@ -280,8 +280,12 @@ pub struct GenStats {
     pub flash_to_gpu_gb_s: f64,
     /// Share of decode time the GPU was not computing (waiting for I/O or the host).
     pub io_wait_share: f64,
-    /// Decode time / max(flash read time, GPU compute time); 1.0 is perfect overlap.
+    /// Decode time / max(I/O time, GPU compute time); 1.0 is perfect overlap. I/O time is the
+    /// host's time on the flash-to-GPU path: reading into staging memory and queueing the copies
+    /// (waits for the GPU to free a staging slot excluded).
     pub overlap_efficiency: f64,
+    pub io_s: f64,
+    /// Of `io_s`, the time inside file reads.
     pub read_s: f64,
     pub compute_s: f64,
     pub peak_device_bytes: u64,
@@ -1111,10 +1115,11 @@ impl Engine {
                 0.0
             },
             overlap_efficiency: if decode_forwards > 0 {
-                decode_s / read_s.max(compute_s).max(1e-9)
+                decode_s / (up_s - wait_s).max(compute_s).max(1e-9)
             } else {
                 0.0
             },
+            io_s: up_s - wait_s,
             read_s,
             compute_s,
             peak_device_bytes: self.ctx.budget.peak(),
