@@ -475,7 +475,7 @@ impl Engine {
         };
         let ring = crate::gpu::staging::ring_bytes(ring_slots, ring_chunk);
         let kv_per_token = cfg.n_layers as u64 * 2 * kv_dim as u64 * kv_elt;
-        let slots_wanted = opts.prefetch + 1;
+        let slots_wanted = (opts.prefetch + 1).min(cfg.n_layers.max(1));
         let budget = opts.gpu.budget.unwrap_or(u64::MAX);
         let default_ctx = cfg.context_length.clamp(1, 2048);
         let max_layer = layer_bytes.iter().copied().max().unwrap_or(0);

@@ -231,11 +231,16 @@ pub fn plan(
             (r, head)
         }
     };
+    let mut resident_layers = resident_layers;
     let n_streamed = resident_layers.iter().filter(|&&r| !r).count();
-    if n_streamed == 0 && head_resident {
-        // Everything fits once the slots are not needed.
-        return Ok(everything(costs));
+    if n_streamed <= slots && *spec == ResidentSpec::Auto {
+        // A slot for every streamed layer: keep them there instead of re-reading each token.
+        resident_layers.iter_mut().for_each(|r| *r = true);
+        if head_resident {
+            return Ok(everything(costs));
+        }
     }
+    let n_streamed = resident_layers.iter().filter(|&&r| !r).count();
     let used_slots = slots.min(n_streamed);
     let total = costs.fixed()
         + costs.ring
@@ -351,9 +356,22 @@ mod tests {
     #[test]
     fn fills_layers_then_head() {
         let min = 1120 + 200 + 2 * 500 + 200;
-        let p = plan(costs(), 4, min + 1000, 2, &ResidentSpec::Auto).unwrap();
-        assert_eq!(p.resident_layers, vec![true, true, false, false]);
+        let p = plan(costs(), 6, min + 1000, 2, &ResidentSpec::Auto).unwrap();
+        assert_eq!(
+            p.resident_layers,
+            vec![true, true, false, false, false, false]
+        );
         assert!(!p.head_resident);
+        assert!(p.total <= p.budget);
+    }
+
+    #[test]
+    fn slots_for_every_streamed_layer_become_resident() {
+        // Budget for the minimum plus one more layer: 4 layers, 2 resident + 2 slots.
+        let min = 1120 + 200 + 2 * 500 + 200;
+        let p = plan(costs(), 4, min + 1000, 2, &ResidentSpec::Auto).unwrap();
+        assert!(p.resident_layers.iter().all(|&r| r), "{p}");
+        assert!(p.streaming && !p.head_resident && p.slots == 0);
         assert!(p.total <= p.budget);
     }
 
