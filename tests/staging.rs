@@ -161,3 +161,53 @@ fn ring_places_chunks_at_the_source_alignment() {
     assert!(eligible > 0);
     assert_eq!(aligned, eligible);
 }
+
+#[test]
+fn batch_larger_than_the_ring_is_exact_and_recovers_from_errors() {
+    use flashlm::gpu::staging::UploadReq;
+    let Some(ctx) = common::gpu() else { return };
+    let data = random_bytes(200_000, 6);
+    let a = ctx.storage("a", 90_000).unwrap();
+    let b = ctx.storage("b", 90_000).unwrap();
+    // 3 slots of 8 KiB against 170 KB of requests: the batch is submitted as the ring wraps.
+    let mut ring = StagingRing::new(&ctx, 3, 8192).unwrap();
+    let reqs = [
+        UploadReq {
+            src_offset: 5,
+            len: 80_001,
+            dst: &a,
+            dst_offset: 0,
+        },
+        UploadReq {
+            src_offset: 100_000,
+            len: 90_000,
+            dst: &b,
+            dst_offset: 0,
+        },
+        UploadReq {
+            src_offset: 0,
+            len: 4,
+            dst: &a,
+            dst_offset: 85_000,
+        },
+    ];
+    let st = ring.upload_batch(&ctx, data.as_slice(), &reqs).unwrap();
+    assert_eq!(st.bytes, 80_001 + 90_000 + 4);
+    let ra = ctx.read_buffer(&a, 85_004).unwrap();
+    assert_eq!(&ra[..80_001], &data[5..80_006]);
+    assert_eq!(&ra[85_000..], &data[..4]);
+    assert_eq!(
+        ctx.read_buffer(&b, 90_000).unwrap(),
+        &data[100_000..190_000]
+    );
+    // A failing read in the middle of a batch: an error, then the ring works again.
+    let src = FailingSource {
+        data: data.clone(),
+        fail_at: 50_000,
+    };
+    let e = ring.upload_batch(&ctx, &src, &reqs).unwrap_err();
+    assert!(matches!(e, StagingError::Read { .. }), "{e}");
+    ring.upload(&ctx, data.as_slice(), 7, 40_000, &b, 0)
+        .unwrap();
+    assert_eq!(ctx.read_buffer(&b, 40_000).unwrap(), &data[7..40_007]);
+}

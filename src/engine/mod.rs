@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use thiserror::Error;
 
 use crate::gguf::{GgufError, GgufFile, TensorInfo, quant};
-use crate::gpu::staging::{ChunkSource, StagingError, StagingRing, UploadStats};
+use crate::gpu::staging::{ChunkSource, StagingError, StagingRing, UploadReq, UploadStats};
 use crate::gpu::{GpuBuffer, GpuContext, GpuError, GpuOptions};
 use crate::kernels::{self, Dispatch, GpuWeight, KernelError, MatmulIo, Step, WeightPart};
 use crate::model::config::{ModelConfig, RopeStyle};
@@ -843,14 +843,20 @@ impl Engine {
                 self.source.prefetch(t_info.offset, t_info.n_bytes);
             }
         }
-        let mut st = UploadStats::default();
+        // The whole layer in one batch: few submissions, copies bounded by the ring's size.
+        let mut reqs = Vec::new();
         for (t_info, w) in self.layers[l].files.iter().zip(self.slots[slot].all()) {
             for (buf, r0, n) in &w.parts {
-                let off = t_info.offset + *r0 as u64 * w.row_bytes as u64;
-                let len = *n as u64 * w.row_bytes as u64;
-                let s = ring.upload(&self.ctx, self.source.as_ref(), off, len, buf, 0)?;
-                st.add(&s);
+                reqs.push(UploadReq {
+                    src_offset: t_info.offset + *r0 as u64 * w.row_bytes as u64,
+                    len: *n as u64 * w.row_bytes as u64,
+                    dst: buf,
+                    dst_offset: 0,
+                });
             }
+        }
+        let st = ring.upload_batch(&self.ctx, self.source.as_ref(), &reqs)?;
+        for t_info in &self.layers[l].files {
             self.source.release(t_info.offset, t_info.n_bytes);
         }
         self.io.upload.add(&st);

@@ -251,80 +251,173 @@ impl StagingRing {
         dst: &wgpu::Buffer,
         dst_offset: u64,
     ) -> Result<UploadStats, StagingError> {
-        let end = dst_offset + len.div_ceil(4) * 4;
-        if !dst_offset.is_multiple_of(4) || end > dst.size() {
-            return Err(StagingError::Destination {
-                offset: dst_offset,
-                end,
-                size: dst.size(),
-            });
-        }
-        let mut stats = UploadStats::default();
-        let mut done = 0u64;
-        while done < len {
-            let n = (len - done).min(self.chunk);
-            let i = self.next;
-            self.next = (self.next + 1) % self.slots.len();
-            let t_wait = Instant::now();
-            self.acquire(ctx, i)?;
-            stats.wait_s += t_wait.elapsed().as_secs_f64();
-            let padded = n.div_ceil(4) * 4;
-            let align = src.preferred_alignment().clamp(1, SLACK);
-            let src_at = src_offset + done;
-            let t_read = Instant::now();
-            let mut lead = 0u64;
-            let read = {
-                let slot = &self.slots[i];
-                let mut view = slot
-                    .buf
-                    .slice(..)
-                    .get_mapped_range_mut()
-                    .map_err(|e| GpuError::MapFailed(e.to_string()))?;
-                let mut w = view.slice(..);
-                let len = w.len();
-                let ptr = w.as_raw_element_ptr();
-                // SAFETY: `view` maps exactly `len` bytes, is held exclusively until this block
-                // ends, and the memory is initialized (wgpu zero-fills new buffers). Sources only
-                // write into the slice (file reads, copies), so no read of write-combined
-                // memory happens; this lets the file be read straight into staging memory.
-                let view_bytes: &mut [u8] =
-                    unsafe { std::slice::from_raw_parts_mut(ptr.as_ptr(), len) };
-                // Start the bytes at an address congruent to their file offset modulo the
-                // source's alignment (copy offsets must stay multiples of 4).
-                if align > 1 {
-                    let addr = ptr.as_ptr() as u64;
-                    let want = (src_at % align + align - addr % align) % align;
-                    if want.is_multiple_of(4) && want + padded <= len as u64 {
-                        lead = want;
-                    }
-                }
-                let bytes = &mut view_bytes[lead as usize..(lead + padded) as usize];
-                bytes[n as usize..].fill(0);
-                src.read_into(src_at, &mut bytes[..n as usize])
-            };
-            stats.read_s += t_read.elapsed().as_secs_f64();
-            self.slots[i].buf.unmap();
-            if let Err(source) = read {
-                self.request_map(i);
-                return Err(StagingError::Read {
-                    offset: src_offset + done,
-                    len: n,
-                    source,
+        self.upload_batch(
+            ctx,
+            src,
+            &[UploadReq {
+                src_offset,
+                len,
+                dst,
+                dst_offset,
+            }],
+        )
+    }
+
+    /// Upload several ranges with as few submissions as the ring allows: the copies go into one
+    /// command buffer, submitted when the ring wraps onto a slot it already holds or at the end,
+    /// so a batch never holds more than the ring's bytes unsubmitted.
+    pub fn upload_batch(
+        &mut self,
+        ctx: &GpuContext,
+        src: &(impl ChunkSource + ?Sized),
+        reqs: &[UploadReq<'_>],
+    ) -> Result<UploadStats, StagingError> {
+        for r in reqs {
+            let end = r.dst_offset + r.len.div_ceil(4) * 4;
+            if !r.dst_offset.is_multiple_of(4) || end > r.dst.size() {
+                return Err(StagingError::Destination {
+                    offset: r.dst_offset,
+                    end,
+                    size: r.dst.size(),
                 });
             }
-            let mut enc = ctx
-                .device
-                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                    label: Some("upload"),
-                });
-            enc.copy_buffer_to_buffer(&self.slots[i].buf, lead, dst, dst_offset + done, padded);
-            let sub = ctx.queue.submit([enc.finish()]);
-            self.slots[i].submission = Some(sub);
-            self.request_map(i);
-            stats.bytes += n;
-            stats.chunks += 1;
-            done += n;
         }
+        let mut stats = UploadStats::default();
+        let mut enc: Option<wgpu::CommandEncoder> = None;
+        let mut held: Vec<usize> = Vec::new();
+        for r in reqs {
+            let mut done = 0u64;
+            while done < r.len {
+                let n = (r.len - done).min(self.chunk);
+                let i = self.next;
+                if held.contains(&i) {
+                    self.flush(ctx, &mut enc, &mut held);
+                }
+                self.next = (self.next + 1) % self.slots.len();
+                let t_wait = Instant::now();
+                if let Err(e) = self.acquire(ctx, i) {
+                    self.abandon(&mut enc, &mut held);
+                    return Err(e);
+                }
+                stats.wait_s += t_wait.elapsed().as_secs_f64();
+                let src_at = r.src_offset + done;
+                let t_read = Instant::now();
+                let filled = self.fill(i, src, src_at, n);
+                stats.read_s += t_read.elapsed().as_secs_f64();
+                let (lead, padded) = match filled {
+                    Ok(x) => x,
+                    Err(e) => {
+                        held.push(i);
+                        self.abandon(&mut enc, &mut held);
+                        return Err(e);
+                    }
+                };
+                let e = enc.get_or_insert_with(|| {
+                    ctx.device
+                        .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                            label: Some("upload"),
+                        })
+                });
+                e.copy_buffer_to_buffer(
+                    &self.slots[i].buf,
+                    lead,
+                    r.dst,
+                    r.dst_offset + done,
+                    padded,
+                );
+                held.push(i);
+                stats.bytes += n;
+                stats.chunks += 1;
+                done += n;
+            }
+        }
+        self.flush(ctx, &mut enc, &mut held);
         Ok(stats)
     }
+
+    /// Read `n` source bytes at `src_at` into mapped slot `i` and unmap it; returns the staging
+    /// offset of the bytes and the copy length (padded to 4).
+    fn fill(
+        &mut self,
+        i: usize,
+        src: &(impl ChunkSource + ?Sized),
+        src_at: u64,
+        n: u64,
+    ) -> Result<(u64, u64), StagingError> {
+        let padded = n.div_ceil(4) * 4;
+        let align = src.preferred_alignment().clamp(1, SLACK);
+        let mut lead = 0u64;
+        let read = {
+            let slot = &self.slots[i];
+            let mut view = slot
+                .buf
+                .slice(..)
+                .get_mapped_range_mut()
+                .map_err(|e| GpuError::MapFailed(e.to_string()))?;
+            let mut w = view.slice(..);
+            let len = w.len();
+            let ptr = w.as_raw_element_ptr();
+            // SAFETY: `view` maps exactly `len` bytes, is held exclusively until this block
+            // ends, and the memory is initialized (wgpu zero-fills new buffers). Sources only
+            // write into the slice (file reads, copies), so no read of write-combined memory
+            // happens; this lets the file be read straight into staging memory.
+            let view_bytes: &mut [u8] =
+                unsafe { std::slice::from_raw_parts_mut(ptr.as_ptr(), len) };
+            // Start the bytes at an address congruent to their file offset modulo the source's
+            // alignment (copy offsets must stay multiples of 4).
+            if align > 1 {
+                let addr = ptr.as_ptr() as u64;
+                let want = (src_at % align + align - addr % align) % align;
+                if want.is_multiple_of(4) && want + padded <= len as u64 {
+                    lead = want;
+                }
+            }
+            let bytes = &mut view_bytes[lead as usize..(lead + padded) as usize];
+            bytes[n as usize..].fill(0);
+            src.read_into(src_at, &mut bytes[..n as usize])
+        };
+        self.slots[i].buf.unmap();
+        match read {
+            Ok(()) => Ok((lead, padded)),
+            Err(source) => Err(StagingError::Read {
+                offset: src_at,
+                len: n,
+                source,
+            }),
+        }
+    }
+
+    /// Submit the held copies and ask for their slots back.
+    fn flush(
+        &mut self,
+        ctx: &GpuContext,
+        enc: &mut Option<wgpu::CommandEncoder>,
+        held: &mut Vec<usize>,
+    ) {
+        if let Some(e) = enc.take() {
+            let sub = ctx.queue.submit([e.finish()]);
+            for &i in held.iter() {
+                self.slots[i].submission = Some(sub.clone());
+            }
+        }
+        for i in std::mem::take(held) {
+            self.request_map(i);
+        }
+    }
+
+    /// Drop unsubmitted copies after an error; their slots are mapped again.
+    fn abandon(&mut self, enc: &mut Option<wgpu::CommandEncoder>, held: &mut Vec<usize>) {
+        enc.take();
+        for i in std::mem::take(held) {
+            self.request_map(i);
+        }
+    }
+}
+
+/// One range for [`StagingRing::upload_batch`].
+pub struct UploadReq<'a> {
+    pub src_offset: u64,
+    pub len: u64,
+    pub dst: &'a wgpu::Buffer,
+    pub dst_offset: u64,
 }
