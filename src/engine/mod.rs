@@ -510,9 +510,15 @@ impl Engine {
         costs.kv = max_ctx as u64 * kv_per_token;
         let placement = placement::plan(costs, cfg.n_layers, budget, slots_wanted, &opts.resident)?;
         log::info!("{placement}");
-        if placement.streaming {
-            for (l, files) in layer_files.iter().enumerate() {
-                for (a, b) in files.iter().zip(&layer_files[0]) {
+        // Streamed layers share slots: they must all have the first streamed layer's shapes.
+        let mut streamed_files = layer_files
+            .iter()
+            .enumerate()
+            .filter(|(l, _)| !placement.resident_layers[*l])
+            .map(|(_, f)| f);
+        if let Some(first) = streamed_files.next() {
+            for files in streamed_files {
+                for (a, b) in files.iter().zip(first) {
                     if a.ty != b.ty || a.dims != b.dims {
                         return Err(EngineError::UnevenLayers(format!(
                             "{} differs from {}",
@@ -520,7 +526,6 @@ impl Engine {
                         )));
                     }
                 }
-                let _ = l;
             }
         }
 
