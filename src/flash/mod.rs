@@ -861,15 +861,20 @@ impl Residency {
     }
 }
 
-/// Fraction of `path`'s pages resident in the page cache (mincore over a fresh map).
-pub fn page_cache_residency(path: impl AsRef<Path>) -> Result<f64, FlashError> {
-    let path = path.as_ref();
-    let file = File::open(path).map_err(|e| FlashError::Io {
+/// Open `path` for reading (page-cache queries and hints).
+fn open_plain(path: &Path) -> Result<File, FlashError> {
+    File::open(path).map_err(|e| FlashError::Io {
         op: "opening",
         path: path.to_path_buf(),
         offset: 0,
         source: e,
-    })?;
+    })
+}
+
+/// Fraction of `path`'s pages resident in the page cache (mincore over a fresh map).
+pub fn page_cache_residency(path: impl AsRef<Path>) -> Result<f64, FlashError> {
+    let path = path.as_ref();
+    let file = open_plain(path)?;
     residency_of(path, &file)
 }
 
@@ -920,12 +925,7 @@ fn residency_of(_path: &Path, _file: &File) -> Result<f64, FlashError> {
 /// platform without the call leave pages behind: check [`Residency::effective`].
 pub fn evict_page_cache(path: impl AsRef<Path>) -> Result<Residency, FlashError> {
     let path = path.as_ref();
-    let file = File::open(path).map_err(|e| FlashError::Io {
-        op: "opening",
-        path: path.to_path_buf(),
-        offset: 0,
-        source: e,
-    })?;
+    let file = open_plain(path)?;
     let before = residency_of(path, &file)?;
     #[cfg(any(target_os = "linux", target_os = "android"))]
     {

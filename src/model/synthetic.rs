@@ -11,6 +11,7 @@
 use crate::gguf::quant::quantize;
 use crate::gguf::writer::GgufWriter;
 use crate::gguf::{GgmlType, MetaValue};
+use crate::sampling::SplitMix64;
 
 use super::config::{LayerNames, OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
 
@@ -82,16 +83,15 @@ fn byte_chars() -> [char; 256] {
     out
 }
 
-/// Seeded generator (SplitMix64) with a Box-Muller normal.
-struct Rng(u64);
+/// Seeded generator (the sampler's SplitMix64) with a Box-Muller normal.
+struct Rng(SplitMix64);
 
 impl Rng {
+    fn new(seed: u64) -> Self {
+        Self(SplitMix64(seed))
+    }
     fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
     /// Uniform in (0, 1].
     fn uniform(&mut self) -> f64 {
@@ -198,7 +198,7 @@ pub fn synthetic_llama(spec: &SyntheticSpec, seed: u64) -> Vec<u8> {
         );
 
     // Weights, drawn in a fixed order so a seed always gives the same model.
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let ty = s.weight_type;
     let mut matrix = |w: &mut GgufWriter, name: &str, cols: usize, rows: usize, std: f32| {
         let vals: Vec<f32> = (0..rows * cols).map(|_| rng.normal() * std).collect();
@@ -207,7 +207,7 @@ pub fn synthetic_llama(spec: &SyntheticSpec, seed: u64) -> Vec<u8> {
     let inv_sqrt = |n: usize| 1.0 / (n as f32).sqrt();
     let (e, kv) = (s.n_embd, s.n_kv_heads * head_dim);
     matrix(&mut w, TOKEN_EMBD, e, s.vocab, inv_sqrt(e));
-    let mut norm_rng = Rng(seed ^ 0x5EED_0F4E_0F00_0001);
+    let mut norm_rng = Rng::new(seed ^ 0x5EED_0F4E_0F00_0001);
     let mut norm = |w: &mut GgufWriter, name: &str, n: usize| {
         let vals: Vec<f32> = (0..n).map(|_| 1.0 + 0.1 * norm_rng.normal()).collect();
         w.tensor(

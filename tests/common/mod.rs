@@ -43,12 +43,12 @@ pub fn gpu() -> Option<flashlm::gpu::GpuContext> {
 pub struct Rng(pub u64);
 
 impl Rng {
+    /// The sampler's SplitMix64 step; the tuple field is its state.
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        let mut g = flashlm::sampling::SplitMix64(self.0);
+        let v = g.next_u64();
+        self.0 = g.0;
+        v
     }
     /// Uniform in [-1, 1).
     pub fn f32(&mut self) -> f32 {
