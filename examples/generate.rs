@@ -39,7 +39,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ctx: Some(256),
         ..Default::default()
     };
-    let mut engine = Engine::with_source(gguf, Box::new(source), &opts)?;
+    let mut engine = Engine::with_source(gguf, std::sync::Arc::new(source), &opts)?;
     println!("{}", engine.placement);
     let ids = tokenizer.encode(&prompt, false);
     let mut sampler = Sampler::new(SamplerParams {

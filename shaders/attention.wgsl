@@ -1,66 +1,103 @@
-// Causal grouped-query attention over the KV cache. One workgroup per (head, token): the query
-// token t sits at position pos0 + t and sees keys [0, pos0 + t]. Keys are walked in chunks of WG
-// with an online softmax (running max and sum), so no score buffer is needed.
-// Defines: DPT = ceil(head_dim / WG) output dims per thread; VEC4 (head_dim and the strides
-// multiples of 4): Q and K are read as vec4s and the chunk's scores sit four to a vector, which
-// cuts the memory instructions of the score and max loops by four; KV_F16: the cache holds f16
-// pairs packed in u32 words.
+// Causal grouped-query attention over a paged KV cache, split along the keys.
+//
+// The KV cache lives in pages of P tokens. A page holds P rows of K, then P rows of V (each row
+// n_kv_heads * head_dim values) and sits in a slot of one of two pools: the layer's "home" pool
+// (pages kept on the device) or the shared "stream" pool (pages brought in from flash for this
+// layer). The page table lists, per sequence, the pages to attend in order as (page, slot)
+// pairs; bit 31 of a slot selects the stream pool. Key k of the list is row k % P of list entry
+// k / P; list entries are all full pages except possibly the last, so list keys are contiguous.
+//
+// A row t (sequence seq, position pos) scans list keys [0, min(list_keys, pos + 1)). The keys
+// are cut into splits of SPLIT keys; one workgroup per (head, row, split of this round) walks its
+// split in chunks of WG keys with an online softmax and writes the unnormalized partial result
+// (acc[head_dim], running max m, sum l). `merge` folds a round's partials, in split order, into
+// the row's running state and, after the last round, writes acc / l. Split boundaries depend only
+// on the row's scan length, so the arithmetic is the same wherever the pages live.
+//
+// Table header per layer (at word `table_base`): [first split of this round, flags (1: first
+// round, 2: last round), splits in this round, pages to score]; then per sequence (stride
+// `seq_stride` words): [list entries, list keys, 0, 0, (page, slot) x max_pages].
+//
+// Defines: DPT = ceil(head_dim / WG) output dims per thread; VEC4 (head_dim a multiple of 4):
+// Q and K are read as vec4s; KV_F16: the pools hold f16 pairs packed in u32 words.
 
 struct Params {
     n_heads: u32,
     n_kv_heads: u32,
     head_dim: u32,
     q_stride: u32,
-    kv_stride: u32,
+    kv_dim: u32,
+    page_tokens: u32,
+    page_elems: u32,
+    table_base: u32,
+    seq_stride: u32,
+    round_splits: u32,
     o_stride: u32,
     scale: f32,
-    n_tokens: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-#ifdef VEC4
-@group(0) @binding(2) var<storage, read> q4: array<vec4<f32>>;
+#ifdef MERGE
+@group(0) @binding(2) var<storage, read> table: array<u32>;
+@group(0) @binding(3) var<storage, read> part: array<f32>;
+@group(0) @binding(4) var<storage, read_write> run: array<f32>;
+@group(0) @binding(5) var<storage, read_write> o: array<f32>;
 #else
-@group(0) @binding(2) var<storage, read> q: array<f32>;
+@group(0) @binding(2) var<storage, read> rows: array<vec4<u32>>;
+@group(0) @binding(3) var<storage, read> table: array<u32>;
+#ifdef VEC4
+@group(0) @binding(4) var<storage, read> q4: array<vec4<f32>>;
+#else
+@group(0) @binding(4) var<storage, read> q: array<f32>;
 #endif
 #ifdef KV_F16
-@group(0) @binding(3) var<storage, read> kc: array<u32>;
-@group(0) @binding(4) var<storage, read> vc: array<u32>;
-
-// Element i of the cache (f16 pairs).
-fn k_at(i: u32) -> f32 {
-    return unpack2x16float(kc[i >> 1u])[i & 1u];
-}
-fn v_at(i: u32) -> f32 {
-    return unpack2x16float(vc[i >> 1u])[i & 1u];
-}
-// Elements [4 i4, 4 i4 + 4).
-fn k4_at(i4: u32) -> vec4<f32> {
-    return vec4<f32>(unpack2x16float(kc[2u * i4]), unpack2x16float(kc[2u * i4 + 1u]));
-}
+@group(0) @binding(5) var<storage, read> home: array<u32>;
+@group(0) @binding(6) var<storage, read> strm: array<u32>;
 #else
-#ifdef VEC4
-@group(0) @binding(3) var<storage, read> kc4: array<vec4<f32>>;
-
-fn k4_at(i4: u32) -> vec4<f32> {
-    return kc4[i4];
-}
-#else
-@group(0) @binding(3) var<storage, read> kc: array<f32>;
-
-fn k_at(i: u32) -> f32 {
-    return kc[i];
-}
+@group(0) @binding(5) var<storage, read> home: array<f32>;
+@group(0) @binding(6) var<storage, read> strm: array<f32>;
 #endif
-@group(0) @binding(4) var<storage, read> vc: array<f32>;
-
-fn v_at(i: u32) -> f32 {
-    return vc[i];
-}
+@group(0) @binding(7) var<storage, read_write> part: array<f32>;
 #endif
-@group(0) @binding(5) var<storage, read_write> o: array<f32>;
 
 const WG: u32 = 64u;
+const SPLIT: u32 = 512u;
+const STREAM: u32 = 0x80000000u;
+
+#ifndef MERGE
+// Element i of a pool (bit 31 of `i` selects the stream pool).
+fn kv_at(i: u32) -> f32 {
+    let e = i & ~STREAM;
+#ifdef KV_F16
+    if ((i & STREAM) != 0u) {
+        return unpack2x16float(strm[e >> 1u])[e & 1u];
+    }
+    return unpack2x16float(home[e >> 1u])[e & 1u];
+#else
+    if ((i & STREAM) != 0u) {
+        return strm[e];
+    }
+    return home[e];
+#endif
+}
+
+// Elements [i, i + 4) of a pool, i a multiple of 4.
+fn kv4_at(i: u32) -> vec4<f32> {
+    let e = i & ~STREAM;
+#ifdef KV_F16
+    let w = e >> 1u;
+    if ((i & STREAM) != 0u) {
+        return vec4<f32>(unpack2x16float(strm[w]), unpack2x16float(strm[w + 1u]));
+    }
+    return vec4<f32>(unpack2x16float(home[w]), unpack2x16float(home[w + 1u]));
+#else
+    if ((i & STREAM) != 0u) {
+        return vec4<f32>(strm[e], strm[e + 1u], strm[e + 2u], strm[e + 3u]);
+    }
+    return vec4<f32>(home[e], home[e + 1u], home[e + 2u], home[e + 3u]);
+#endif
+}
+
 #ifdef VEC4
 var<workgroup> qs4: array<vec4<f32>, DPT * WG / 4u>;
 var<workgroup> sc4: array<vec4<f32>, WG / 4u>;
@@ -68,18 +105,26 @@ var<workgroup> sc4: array<vec4<f32>, WG / 4u>;
 var<workgroup> qs: array<f32, DPT * WG>;
 var<workgroup> sc: array<f32, WG>;
 #endif
+// Element index of each chunk key's K row start (bit 31: stream pool).
+var<workgroup> kbase: array<u32, WG>;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
-    let n_tok = select(step.n_tokens, p.n_tokens, p.n_tokens != 0u);
     let h = wid.x;
     let t = wid.y;
-    if (t >= n_tok) {
+    let z = wid.z;
+    if (t >= step.n_tokens || z >= table[p.table_base + 2u]) {
         return;
     }
     let hd = p.head_dim;
     let kvh = h / (p.n_heads / p.n_kv_heads);
-    let n_keys = step.pos0 + t + 1u;
+    let row = rows[t];
+    let sb = p.table_base + 4u + row.x * p.seq_stride;
+    let scan = min(table[sb + 1u], row.y + 1u);
+    let split = table[p.table_base] + z;
+    let k0 = min(split * SPLIT, scan);
+    let k1 = min(k0 + SPLIT, scan);
+    let pb = ((t * p.n_heads + h) * p.round_splits + z) * (hd + 2u);
 #ifdef VEC4
     let qb4 = (t * p.q_stride + h * hd) >> 2u;
     for (var d4 = lid; d4 < hd / 4u; d4 += WG) {
@@ -94,20 +139,24 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     var m = -1.0e30;
     var l = 0.0;
     var acc: array<f32, DPT>;
-    let kvb = kvh * hd;
-    for (var c0 = 0u; c0 < n_keys; c0 += WG) {
+    let vofs = p.page_tokens * p.kv_dim;
+    for (var c0 = k0; c0 < k1; c0 += WG) {
         let j = c0 + lid;
         var s = -1.0e30;
-        if (j < n_keys) {
+        if (j < k1) {
+            let e = sb + 4u + 2u * (j / p.page_tokens);
+            let slot = table[e + 1u];
+            let kb = (((slot & ~STREAM) * p.page_elems + (j % p.page_tokens) * p.kv_dim
+                + kvh * hd)) | (slot & STREAM);
+            kbase[lid] = kb;
             var dotv = 0.0;
-            let kb = j * p.kv_stride + kvb;
 #ifdef VEC4
             for (var d4 = 0u; d4 < hd / 4u; d4++) {
-                dotv += dot(qs4[d4], k4_at((kb >> 2u) + d4));
+                dotv += dot(qs4[d4], kv4_at(kb + 4u * d4));
             }
 #else
             for (var d = 0u; d < hd; d++) {
-                dotv += qs[d] * k_at(kb + d);
+                dotv += qs[d] * kv_at(kb + d);
             }
 #endif
             s = dotv * p.scale;
@@ -132,7 +181,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         let m_new = max(m, cmax);
         let alpha = exp(m - m_new);
         var pj = 0.0;
-        if (j < n_keys) {
+        if (j < k1) {
             pj = exp(s - m_new);
         }
 #ifdef VEC4
@@ -145,7 +194,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         for (var k = 0u; k < DPT; k++) {
             acc[k] *= alpha;
         }
-        let cnt = min(WG, n_keys - c0);
+        let cnt = min(WG, k1 - c0);
         for (var jj = 0u; jj < cnt; jj++) {
 #ifdef VEC4
             let pv = sc4[jj >> 2u][jj & 3u];
@@ -153,11 +202,11 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
             let pv = sc[jj];
 #endif
             l += pv;
-            let vb = (c0 + jj) * p.kv_stride + kvb;
+            let vb = kbase[jj] + vofs;
             for (var k = 0u; k < DPT; k++) {
                 let d = lid + k * WG;
                 if (d < hd) {
-                    acc[k] += pv * v_at(vb + d);
+                    acc[k] += pv * kv_at(vb + d);
                 }
             }
         }
@@ -167,7 +216,93 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     for (var k = 0u; k < DPT; k++) {
         let d = lid + k * WG;
         if (d < hd) {
-            o[t * p.o_stride + h * hd + d] = acc[k] / l;
+            part[pb + d] = acc[k];
         }
     }
+    if (lid == 0u) {
+        part[pb + hd] = m;
+        part[pb + hd + 1u] = l;
+    }
 }
+#endif
+
+#ifdef MERGE
+// Fold this round's partials of (head, row) into the running state, in split order; after the
+// last round write acc / l.
+@compute @workgroup_size(WG)
+fn merge(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let h = wid.x;
+    let t = wid.y;
+    if (t >= step.n_tokens) {
+        return;
+    }
+    let hd = p.head_dim;
+    let flags = table[p.table_base + 1u];
+    let n = table[p.table_base + 2u];
+    let rb = (t * p.n_heads + h) * (hd + 2u);
+    var m = -1.0e30;
+    var l = 0.0;
+    var acc: array<f32, DPT>;
+    if ((flags & 1u) == 0u) {
+        m = run[rb + hd];
+        l = run[rb + hd + 1u];
+        for (var k = 0u; k < DPT; k++) {
+            let d = lid + k * WG;
+            if (d < hd) {
+                acc[k] = run[rb + d];
+            }
+        }
+    }
+    for (var z = 0u; z < n; z++) {
+        let pb = ((t * p.n_heads + h) * p.round_splits + z) * (hd + 2u);
+        let pl = part[pb + hd + 1u];
+        if (pl == 0.0) {
+            continue;
+        }
+        let pm = part[pb + hd];
+        if (l == 0.0) {
+            m = pm;
+            l = pl;
+            for (var k = 0u; k < DPT; k++) {
+                let d = lid + k * WG;
+                if (d < hd) {
+                    acc[k] = part[pb + d];
+                }
+            }
+            continue;
+        }
+        let m_new = max(m, pm);
+        let a = exp(m - m_new);
+        let b = exp(pm - m_new);
+        l = l * a + pl * b;
+        for (var k = 0u; k < DPT; k++) {
+            let d = lid + k * WG;
+            if (d < hd) {
+                acc[k] = acc[k] * a + part[pb + d] * b;
+            }
+        }
+        m = m_new;
+    }
+    // Every thread has read the running state before any is overwritten.
+    workgroupBarrier();
+    if ((flags & 2u) != 0u) {
+        for (var k = 0u; k < DPT; k++) {
+            let d = lid + k * WG;
+            if (d < hd) {
+                o[t * p.o_stride + h * hd + d] = acc[k] / l;
+            }
+        }
+        return;
+    }
+    for (var k = 0u; k < DPT; k++) {
+        let d = lid + k * WG;
+        if (d < hd) {
+            run[rb + d] = acc[k];
+        }
+    }
+    if (lid == 0u) {
+        run[rb + hd] = m;
+        run[rb + hd + 1u] = l;
+    }
+}
+#endif

@@ -8,10 +8,13 @@
 pub mod bench;
 pub mod cli;
 pub mod engine;
+pub mod eval;
 pub mod flash;
 pub mod gguf;
 pub mod gpu;
 pub mod kernels;
+pub mod kv;
 pub mod model;
 pub mod paths;
+pub mod plan;
 pub mod sampling;

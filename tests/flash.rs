@@ -5,9 +5,10 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::Rng;
+use flashlm::flash::source::{ChunkSource, FlashSource, WeightSource};
 use flashlm::flash::{
-    DramCache, FileChange, FlashError, FlashFault, FlashFile, IoMode, ReaderOptions,
-    evict_page_cache, page_cache_residency,
+    Admit, CacheKey, FileChange, FlashError, FlashFault, FlashFile, HostCache, IoMode,
+    ReaderOptions, evict_page_cache, page_cache_residency,
 };
 
 /// A scratch directory removed on drop.
@@ -414,56 +415,60 @@ fn mmap_hints_work() {
 }
 
 #[test]
-fn dram_cache_is_lru_under_its_budget() {
+fn host_cache_pins_weights_and_evicts_lru_pages_under_its_budget() {
     let dir = TempDir::new("dram");
     let data = random_bytes(100_000, 10);
     let path = dir.file("data.bin", &data);
     let f = FlashFile::open(&path, opts(IoMode::Mmap, 1, 1 << 20)).unwrap();
-    let cache = DramCache::new(3 * 4096);
+    let src = FlashSource::new(f, 3 * 4096);
+    let cache = src.host_cache().unwrap();
     let get = |off: u64, len: usize| {
-        let d = cache.get(&f, off, len).unwrap();
-        assert!(*d == data[off as usize..off as usize + len]);
+        let mut buf = vec![0u8; len];
+        src.read_into(off, &mut buf).unwrap();
+        assert!(buf == data[off as usize..off as usize + len]);
         assert!(cache.cached_bytes() <= cache.budget());
     };
-    get(0, 4096); // a
-    get(10_000, 4096); // b
-    get(20_000, 4096); // c
-    assert_eq!(cache.stats().misses, 3);
-    get(0, 4096); // a again: hit, now most recent
-    assert_eq!(cache.stats().hits, 1);
-    get(30_000, 4096); // d: evicts b, the least recently used
-    assert!(cache.contains(0, 4096));
-    assert!(!cache.contains(10_000, 4096));
-    assert!(cache.contains(20_000, 4096));
-    assert!(cache.contains(30_000, 4096));
-    let s = cache.stats();
-    assert_eq!((s.hits, s.misses, s.evictions, s.entries), (1, 4, 1, 3));
-    assert_eq!(s.cached_bytes, 3 * 4096);
-    assert_eq!(s.hit_bytes, 4096);
-    assert_eq!(s.miss_bytes, 4 * 4096);
-    // Same offset, other length: another entry.
-    get(0, 100);
-    assert!(cache.contains(0, 100));
-    // Larger than the budget: read, returned, not kept, nothing evicted for it.
-    let before = cache.stats();
-    get(0, 20_000);
-    assert!(!cache.contains(0, 20_000));
-    assert_eq!(cache.stats().entries, before.entries);
+    // Weight ranges are pinned until the budget is used, then read from the file each time.
+    get(0, 4096);
+    get(10_000, 4096);
+    get(20_000, 4096);
+    get(30_000, 4096);
+    assert_eq!(src.file().bytes_read(), 4 * 4096);
+    get(0, 4096);
+    get(10_000, 4096);
+    get(30_000, 4096);
+    assert_eq!(
+        src.file().bytes_read(),
+        5 * 4096,
+        "only the unpinned range is re-read"
+    );
+    assert_eq!(src.dram_stats(), (3 * 4096, 2 * 4096));
     // Errors pass through and cache nothing.
-    assert!(cache.get(&f, 99_999, 2).is_err());
-    assert!(!cache.contains(99_999, 2));
-    // Many random ranges: the budget always holds.
+    let mut b = [0u8; 2];
+    assert!(src.read_into(99_999, &mut b).is_err());
+    // LRU entries (KV pages) under a shared budget: the least recently used goes first, and
+    // pinned data is never evicted for them.
+    let c = HostCache::new(4 * 4096);
+    let page = vec![1u8; 4096];
+    let k = |p: u64| CacheKey::new(1, 0, p);
+    assert!(c.insert(CacheKey::new(0, 0, 4096), &page, Admit::Pinned));
+    for p in 0..3 {
+        assert!(c.insert(k(p), &page, Admit::Lru));
+    }
+    let mut buf = vec![0u8; 4096];
+    assert!(c.get(k(0), &mut buf));
+    assert!(c.insert(k(3), &page, Admit::Lru)); // evicts page 1
+    assert!(c.contains(k(0)) && !c.contains(k(1)) && c.contains(k(2)) && c.contains(k(3)));
+    assert!(c.contains(CacheKey::new(0, 0, 4096)));
     let mut r = Rng(11);
     for _ in 0..500 {
-        let len = 1 + (r.next_u64() % 6000) as usize;
-        let off = r.next_u64() % (100_000 - len as u64);
-        get(off, len);
+        let p = r.next_u64() % 50;
+        if !c.get(k(p), &mut buf) {
+            c.insert(k(p), &page, Admit::Lru);
+        }
+        assert!(c.cached_bytes() <= c.budget());
     }
-    cache.clear();
-    assert_eq!(cache.cached_bytes(), 0);
-    let zero = DramCache::new(0);
-    assert_eq!(zero.get(&f, 5, 10).unwrap().len(), 10);
-    assert_eq!(zero.cached_bytes(), 0);
+    assert!(c.contains(CacheKey::new(0, 0, 4096)));
 }
 
 #[test]

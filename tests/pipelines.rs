@@ -69,14 +69,29 @@ fn all_shader_variants_compile() {
                 ctx.pipelines
                     .get(&ctx.device, "attention", "main", &d)
                     .unwrap_or_else(|e| panic!("attention dpt={dpt} vec4={vec4} f16={f16}: {e}"));
+                ctx.pipelines
+                    .get(&ctx.device, "attention", "merge", &d.clone().flag("MERGE"))
+                    .unwrap_or_else(|e| panic!("merge dpt={dpt} vec4={vec4} f16={f16}: {e}"));
             }
         }
     }
+    for f16 in [false, true] {
+        let k = |flag: &str| {
+            let d = Defines::new().flag(flag);
+            if f16 { d.flag("KV_F16") } else { d }
+        };
+        ctx.pipelines
+            .get(&ctx.device, "kv", "store", &k("STORE"))
+            .unwrap();
+        ctx.pipelines
+            .get(&ctx.device, "kv", "page_meta", &k("META"))
+            .unwrap();
+    }
     ctx.pipelines
-        .get(&ctx.device, "elementwise", "add_bias", &Defines::new())
+        .get(&ctx.device, "kv", "score", &Defines::new().flag("SCORE"))
         .unwrap();
     ctx.pipelines
-        .get(&ctx.device, "kv", "store_f16", &Defines::new())
+        .get(&ctx.device, "elementwise", "add_bias", &Defines::new())
         .unwrap();
     // Cached: asking again compiles nothing new.
     let n = ctx.pipelines.len();

@@ -161,7 +161,7 @@ mod flash_modes {
     use flashlm::flash::source::FlashSource;
     use flashlm::flash::{FlashFile, IoMode, ReaderOptions};
 
-    fn source(path: &std::path::Path, mode: IoMode) -> Option<Box<FlashSource>> {
+    fn source(path: &std::path::Path, mode: IoMode) -> Option<std::sync::Arc<FlashSource>> {
         match FlashFile::open(
             path,
             ReaderOptions {
@@ -170,7 +170,7 @@ mod flash_modes {
                 chunk: 64 * 1024,
             },
         ) {
-            Ok(f) => Some(Box::new(FlashSource::new(f, 0))),
+            Ok(f) => Some(std::sync::Arc::new(FlashSource::new(f, 0))),
             Err(e) if mode == IoMode::Direct && !common::in_ci() => {
                 eprintln!("skipping direct I/O: {e}");
                 None
@@ -290,7 +290,7 @@ fn synthetic_every_budget_both_io_modes() {
                 }
                 Err(e) => panic!("{e}"),
             };
-            let src = Box::new(FlashSource::new(file, 0));
+            let src = std::sync::Arc::new(FlashSource::new(file, 0));
             let mut e = Engine::with_source(gguf.clone(), src, &opts(Some(budget), 24)).unwrap();
             let (ids, logits) = run(&mut e, &prompt, 5);
             assert!(

@@ -2,6 +2,7 @@
 //! measured side by side in one process.
 
 pub mod io;
+pub mod kv;
 
 use std::sync::Arc;
 
@@ -246,7 +247,7 @@ pub struct Scenario {
 /// Run the scenarios over the same prompt: each loads the engine with a cold page cache,
 /// prefills `prompt_tokens` and decodes `n_gen` greedy tokens.
 pub fn stream(
-    model: &crate::cli::LoadedModel,
+    model: &crate::model::LoadedModel,
     base: &EngineOptions,
     scenarios: &[Scenario],
     prompt_tokens: usize,
@@ -289,7 +290,7 @@ pub fn stream(
         let ev = crate::flash::evict_page_cache(&model.path)?;
         let mut engine = Engine::with_source(
             model.gguf.clone(),
-            Box::new(FlashSource::new(file, 0)),
+            std::sync::Arc::new(FlashSource::new(file, 0)),
             &opts,
         )?;
         // Loading read the resident weights; evict again so decoding starts cold.

@@ -43,6 +43,16 @@ impl Tracer {
         }
     }
 
+    /// Forget the spans and totals so far, keeping the time origin.
+    pub fn clear(&mut self) {
+        self.spans.clear();
+        if let Ok(mut g) = self.gpu_done.lock() {
+            g.clear();
+        }
+        self.last_gpu_end = 0.0;
+        self.compute_s = 0.0;
+    }
+
     /// Whether spans are kept for a trace file.
     pub fn keeps(&self) -> bool {
         self.keep
@@ -64,6 +74,31 @@ impl Tracer {
                 end,
             });
         }
+    }
+
+    /// Keep a span measured elsewhere (the I/O thread), in seconds since the tracer's start.
+    pub fn span_at(
+        &mut self,
+        name: impl Into<String>,
+        cat: &'static str,
+        tid: u32,
+        start: f64,
+        end: f64,
+    ) {
+        if self.keep {
+            self.spans.push(Span {
+                name: name.into(),
+                cat,
+                tid,
+                start,
+                end,
+            });
+        }
+    }
+
+    /// The instant times are measured from.
+    pub fn origin(&self) -> Instant {
+        self.t0
     }
 
     /// Note a submission of GPU work; its span ends when the queue reports it done.

@@ -1,5 +1,7 @@
-//! The flash reader: model bytes read from SSD/NVMe into caller memory (usually mapped staging
-//! memory of the [`StagingRing`](crate::gpu::staging::StagingRing)).
+//! The bottom I/O layer: the flash reader (model bytes read from SSD/NVMe into caller memory,
+//! usually mapped staging memory), the byte-source traits the upload path reads through
+//! ([`source`]), the host-memory cache shared by weights and KV pages ([`HostCache`]) and the
+//! priority transfer queue ([`queue`]).
 //!
 //! Two modes:
 //! - [`IoMode::Direct`] bypasses the OS page cache (O_DIRECT on Linux, F_NOCACHE on macOS,
@@ -10,14 +12,17 @@
 //!
 //! Large reads are split at `chunk`-sized boundaries of the file and read by up to `threads`
 //! threads. [`evict_page_cache`] and [`page_cache_residency`] let benchmarks start cold and
-//! check that they did; [`DramCache`] keeps hot ranges in host memory under a byte budget.
+//! check that they did.
 
 mod cache;
+pub(crate) mod direct;
 mod size;
 
-pub use cache::{CacheStats, DramCache};
+pub use cache::{Admit, CacheKey, CacheStats, HostCache};
 pub use size::{format_size, parse_size};
+pub use source::{ChunkSource, SourceError, WeightSource};
 
+pub mod queue;
 pub mod source;
 
 use std::fmt;
@@ -184,7 +189,7 @@ pub enum FlashFault {
 }
 
 /// A heap buffer aligned for direct I/O.
-struct AlignedBuf {
+pub(crate) struct AlignedBuf {
     ptr: std::ptr::NonNull<u8>,
     layout: std::alloc::Layout,
 }
@@ -194,7 +199,7 @@ unsafe impl Send for AlignedBuf {}
 unsafe impl Sync for AlignedBuf {}
 
 impl AlignedBuf {
-    fn new(len: usize) -> io::Result<Self> {
+    pub(crate) fn new(len: usize) -> io::Result<Self> {
         let len = len.max(DIRECT_ALIGN).next_multiple_of(DIRECT_ALIGN);
         let layout = std::alloc::Layout::from_size_align(len, DIRECT_ALIGN)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
@@ -208,10 +213,10 @@ impl AlignedBuf {
         })?;
         Ok(Self { ptr, layout })
     }
-    fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.layout.size()
     }
-    fn as_mut_slice(&mut self) -> &mut [u8] {
+    pub(crate) fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: `ptr` owns `len` initialized (zeroed) bytes, borrowed mutably through self.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len()) }
     }
@@ -751,16 +756,6 @@ impl FlashFile {
                 .map_err(|e| self.io_err("advising", 0, e))?;
         }
         Ok(())
-    }
-}
-
-impl crate::gpu::staging::ChunkSource for FlashFile {
-    fn read_into(
-        &self,
-        offset: u64,
-        dst: &mut [u8],
-    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-        FlashFile::read_into(self, offset, dst).map_err(|e| e.into())
     }
 }
 

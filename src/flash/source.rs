@@ -1,83 +1,131 @@
-//! The engine's weight source: the flash reader behind a host-side (DRAM) cache.
+//! Byte sources the upload path reads from, and the engine's weight source: the flash reader
+//! behind the shared host-memory cache.
 //!
 //! Streamed weights are read in the same order every token, a cyclic pattern in which an LRU
-//! cache smaller than the cycle never hits. The cache therefore pins the first regions it sees
-//! until `--dram-budget` is used up and never evicts: those bytes come from DRAM every token,
-//! the rest from flash. Only misses count as flash reads.
+//! cache smaller than the cycle never hits. Weight ranges are therefore *pinned* in the
+//! [`HostCache`]: the first ones seen stay until `--dram-budget` is used up, and those bytes come
+//! from DRAM every token, the rest from flash. Only misses count as flash reads.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
+use super::cache::{Admit, CacheKey, HostCache};
 use super::{FlashError, FlashFile};
-use crate::engine::WeightSource;
-use crate::gpu::staging::ChunkSource;
 
-/// A flash file with a pinned DRAM cache of at most `budget` bytes.
-pub struct FlashSource {
-    file: FlashFile,
-    budget: u64,
-    cache: Mutex<Pinned>,
+/// Error type of a [`ChunkSource`] read.
+pub type SourceError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Something that can fill a buffer with the bytes at an offset.
+pub trait ChunkSource: Send + Sync {
+    fn read_into(&self, offset: u64, dst: &mut [u8]) -> Result<(), SourceError>;
+
+    /// Alignment the source reads fastest into: the staging ring places the bytes at offset `o`
+    /// at a staging address congruent to `o` modulo this (direct I/O could then read straight
+    /// into staging memory instead of through a bounce buffer).
+    fn preferred_alignment(&self) -> u64 {
+        1
+    }
 }
 
-#[derive(Default)]
-struct Pinned {
-    used: u64,
-    map: HashMap<(u64, usize), Arc<[u8]>>,
-    hits: u64,
-    hit_bytes: u64,
+/// A plain byte slice as a source (tests, data already in memory).
+impl ChunkSource for [u8] {
+    fn read_into(&self, offset: u64, dst: &mut [u8]) -> Result<(), SourceError> {
+        let a = usize::try_from(offset)?;
+        let b = a
+            .checked_add(dst.len())
+            .filter(|&b| b <= self.len())
+            .ok_or("read past the end of the source")?;
+        dst.copy_from_slice(&self[a..b]);
+        Ok(())
+    }
+}
+
+impl ChunkSource for Vec<u8> {
+    fn read_into(&self, offset: u64, dst: &mut [u8]) -> Result<(), SourceError> {
+        self.as_slice().read_into(offset, dst)
+    }
+}
+
+impl<T: ChunkSource + ?Sized> ChunkSource for Arc<T> {
+    fn read_into(&self, offset: u64, dst: &mut [u8]) -> Result<(), SourceError> {
+        (**self).read_into(offset, dst)
+    }
+    fn preferred_alignment(&self) -> u64 {
+        (**self).preferred_alignment()
+    }
+}
+
+impl ChunkSource for FlashFile {
+    fn read_into(&self, offset: u64, dst: &mut [u8]) -> Result<(), SourceError> {
+        FlashFile::read_into(self, offset, dst).map_err(|e| e.into())
+    }
+}
+
+/// Where the engine reads weight bytes at run time: the flash reader, or any byte source.
+pub trait WeightSource: ChunkSource {
+    /// Bytes read from storage so far.
+    fn bytes_read(&self) -> u64;
+    /// Fail when the file changed under the run (shrunk, removed, replaced).
+    fn check(&self) -> Result<(), String>;
+    /// Hint that `[offset, offset + len)` is needed soon.
+    fn prefetch(&self, _offset: u64, _len: u64) {}
+    /// Hint that `[offset, offset + len)` is not needed until its next turn.
+    fn release(&self, _offset: u64, _len: u64) {}
+    /// The host cache in front of the source, if any (shared with KV pages).
+    fn host_cache(&self) -> Option<Arc<HostCache>> {
+        None
+    }
+    /// How the source reads its file, if it reads one through the flash reader.
+    fn io_mode(&self) -> Option<super::IoMode> {
+        None
+    }
+}
+
+/// Cache key space of weight ranges (KV pages use others).
+pub const WEIGHT_KEYS: u32 = 0;
+
+/// A flash file with the host cache in front of it.
+pub struct FlashSource {
+    file: FlashFile,
+    cache: Arc<HostCache>,
 }
 
 impl FlashSource {
+    /// A source with a cache of its own of `dram_budget` bytes.
     pub fn new(file: FlashFile, dram_budget: u64) -> Self {
-        Self {
-            file,
-            budget: dram_budget,
-            cache: Mutex::new(Pinned::default()),
-        }
+        Self::with_cache(file, Arc::new(HostCache::new(dram_budget)))
+    }
+
+    /// A source sharing `cache` (with the KV pages).
+    pub fn with_cache(file: FlashFile, cache: Arc<HostCache>) -> Self {
+        Self { file, cache }
     }
 
     pub fn file(&self) -> &FlashFile {
         &self.file
     }
 
-    /// Bytes held in DRAM, and bytes served from it so far.
+    /// Weight bytes held in DRAM, and weight bytes served from it so far.
     pub fn dram_stats(&self) -> (u64, u64) {
-        self.cache
-            .lock()
-            .map(|c| (c.used, c.hit_bytes))
-            .unwrap_or((0, 0))
+        let s = self.cache.stats();
+        (s.pinned_bytes, s.weight_hit_bytes)
     }
 
     fn read(&self, offset: u64, dst: &mut [u8]) -> Result<(), FlashError> {
-        if self.budget == 0 {
+        if self.cache.budget() == 0 {
             return self.file.read_into(offset, dst);
         }
-        let key = (offset, dst.len());
-        if let Ok(mut c) = self.cache.lock()
-            && let Some(bytes) = c.map.get(&key).cloned()
-        {
-            dst.copy_from_slice(&bytes);
-            c.hits += 1;
-            c.hit_bytes += dst.len() as u64;
+        let key = CacheKey::new(WEIGHT_KEYS, offset, dst.len() as u64);
+        if self.cache.get(key, dst) {
             return Ok(());
         }
         self.file.read_into(offset, dst)?;
-        if let Ok(mut c) = self.cache.lock()
-            && c.used + dst.len() as u64 <= self.budget
-        {
-            c.used += dst.len() as u64;
-            c.map.insert(key, Arc::from(&dst[..]));
-        }
+        self.cache.insert(key, dst, Admit::Pinned);
         Ok(())
     }
 }
 
 impl ChunkSource for FlashSource {
-    fn read_into(
-        &self,
-        offset: u64,
-        dst: &mut [u8],
-    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    fn read_into(&self, offset: u64, dst: &mut [u8]) -> Result<(), SourceError> {
         Ok(self.read(offset, dst)?)
     }
 
@@ -99,5 +147,11 @@ impl WeightSource for FlashSource {
     }
     fn release(&self, offset: u64, len: u64) {
         let _ = self.file.release(offset, len);
+    }
+    fn host_cache(&self) -> Option<Arc<HostCache>> {
+        Some(self.cache.clone())
+    }
+    fn io_mode(&self) -> Option<super::IoMode> {
+        Some(self.file.mode())
     }
 }

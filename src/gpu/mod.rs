@@ -187,6 +187,15 @@ pub fn list_adapters(backend: &Option<String>) -> Result<Vec<wgpu::AdapterInfo>,
     Ok(adapters.iter().map(|a| a.get_info()).collect())
 }
 
+/// What a buffer from [`GpuContext::alloc_as`] is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BufferUsage {
+    /// Read and written by kernels, copied to and from.
+    Storage,
+    /// Copied into, then mapped for reading on the host.
+    Readback,
+}
+
 /// How the matrix kernels spread a row over threads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MatmulLayout {
@@ -432,6 +441,32 @@ impl GpuContext {
         )?;
         self.write(&buf, 0, data);
         Ok(buf)
+    }
+
+    /// A uniform buffer of `size` bytes.
+    pub fn uniform(&self, label: &str, size: u64) -> Result<GpuBuffer, GpuError> {
+        self.buffer(
+            label,
+            size,
+            wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+        )
+    }
+
+    /// A buffer of `size` bytes for `use_`.
+    pub fn alloc_as(
+        &self,
+        label: &str,
+        size: u64,
+        use_: BufferUsage,
+    ) -> Result<GpuBuffer, GpuError> {
+        match use_ {
+            BufferUsage::Storage => self.storage(label, size),
+            BufferUsage::Readback => self.buffer(
+                label,
+                size,
+                wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            ),
+        }
     }
 
     /// A storage buffer of `size` bytes (contents zero).

@@ -1,10 +1,14 @@
 //! The staging ring: N host-visible buffers (MAP_WRITE | COPY_SRC) used round-robin to move
 //! file bytes into device buffers.
 //!
-//! Each slot cycles Mapped → (source writes into the mapped memory) → unmapped, copy submitted →
-//! Pending (map requested again) → Mapped once the copy has run. Every chunk is its own small
-//! submission, so writes never pile up unsubmitted. A failed map or a failed read ends the
-//! upload with an error; the ring stays usable and releases every byte when dropped.
+//! Each slot cycles Mapped → (the source writes pieces into the mapped memory, packed one after
+//! another) → unmapped, copies submitted → Pending (map requested again) → Mapped once the
+//! copies have run. Pieces of many requests share a slot, and a request larger than what is
+//! left of a slot continues in the next one, so a batch of B bytes needs about B / slot-size
+//! slots whatever its pieces look like: a ring sized for a layer holds the layer. A batch is
+//! submitted when it wraps onto a slot it already holds or at its end, so writes never pile up
+//! unsubmitted beyond the ring's bytes. A failed map or a failed read ends the upload with an
+//! error; the ring stays usable and releases every byte when dropped.
 
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -13,38 +17,7 @@ use thiserror::Error;
 
 use super::{GpuBuffer, GpuContext, GpuError};
 
-/// Something that can fill a buffer with the bytes at a file offset.
-pub trait ChunkSource {
-    fn read_into(
-        &self,
-        offset: u64,
-        dst: &mut [u8],
-    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>>;
-
-    /// Alignment the source reads fastest into: the ring places the bytes at file offset `o` at
-    /// a staging address congruent to `o` modulo this (direct I/O then reads straight into
-    /// staging memory instead of through a bounce buffer).
-    fn preferred_alignment(&self) -> u64 {
-        1
-    }
-}
-
-/// A plain byte slice as a source (tests, data already in memory).
-impl ChunkSource for [u8] {
-    fn read_into(
-        &self,
-        offset: u64,
-        dst: &mut [u8],
-    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-        let a = usize::try_from(offset)?;
-        let b = a
-            .checked_add(dst.len())
-            .filter(|&b| b <= self.len())
-            .ok_or("read past the end of the source")?;
-        dst.copy_from_slice(&self[a..b]);
-        Ok(())
-    }
-}
+pub use crate::flash::source::ChunkSource;
 
 #[derive(Debug, Error)]
 pub enum StagingError {
@@ -94,6 +67,8 @@ pub struct UploadStats {
     pub read_s: f64,
     /// Seconds spent waiting for a staging slot to come back.
     pub wait_s: f64,
+    /// Times a batch wrapped onto a slot it already held (its copies were submitted early).
+    pub wraps: u32,
 }
 
 impl UploadStats {
@@ -102,6 +77,7 @@ impl UploadStats {
         self.chunks += o.chunks;
         self.read_s += o.read_s;
         self.wait_s += o.wait_s;
+        self.wraps += o.wraps;
     }
 }
 
@@ -263,9 +239,10 @@ impl StagingRing {
         )
     }
 
-    /// Upload several ranges with as few submissions as the ring allows: the copies go into one
-    /// command buffer, submitted when the ring wraps onto a slot it already holds or at the end,
-    /// so a batch never holds more than the ring's bytes unsubmitted.
+    /// Upload several ranges with as few submissions as the ring allows. Pieces are packed
+    /// into the slots back to back (each 4-byte aligned); the copies go into one command
+    /// buffer, submitted when the ring wraps onto a slot it already holds or at the end, so a
+    /// batch never holds more than the ring's bytes unsubmitted.
     pub fn upload_batch(
         &mut self,
         ctx: &GpuContext,
@@ -283,107 +260,127 @@ impl StagingRing {
             }
         }
         let mut stats = UploadStats::default();
-        let mut enc: Option<wgpu::CommandEncoder> = None;
-        let mut held: Vec<usize> = Vec::new();
+        let mut b = Batch {
+            enc: None,
+            held: Vec::new(),
+            cur: None,
+        };
+        let res = self.pack(ctx, src, reqs, &mut b, &mut stats);
+        match res {
+            Ok(()) => {
+                self.close_slot(&mut b);
+                self.flush(ctx, &mut b.enc, &mut b.held);
+                Ok(stats)
+            }
+            Err(e) => {
+                self.close_slot(&mut b);
+                self.abandon(&mut b.enc, &mut b.held);
+                Err(e)
+            }
+        }
+    }
+
+    fn pack(
+        &mut self,
+        ctx: &GpuContext,
+        src: &(impl ChunkSource + ?Sized),
+        reqs: &[UploadReq<'_>],
+        b: &mut Batch,
+        stats: &mut UploadStats,
+    ) -> Result<(), StagingError> {
+        let cap = self.chunk + SLACK;
+        let align = src.preferred_alignment().clamp(1, SLACK);
         for r in reqs {
             let mut done = 0u64;
             while done < r.len {
-                let n = (r.len - done).min(self.chunk);
-                let i = self.next;
-                if held.contains(&i) {
-                    self.flush(ctx, &mut enc, &mut held);
-                }
-                self.next = (self.next + 1) % self.slots.len();
-                let t_wait = Instant::now();
-                if let Err(e) = self.acquire(ctx, i) {
-                    self.abandon(&mut enc, &mut held);
-                    return Err(e);
-                }
-                stats.wait_s += t_wait.elapsed().as_secs_f64();
                 let src_at = r.src_offset + done;
-                let t_read = Instant::now();
-                let filled = self.fill(i, src, src_at, n);
-                stats.read_s += t_read.elapsed().as_secs_f64();
-                let (lead, padded) = match filled {
-                    Ok(x) => x,
-                    Err(e) => {
-                        held.push(i);
-                        self.abandon(&mut enc, &mut held);
-                        return Err(e);
+                // Where the piece would start in the current slot (4-aligned, or congruent to
+                // its source offset for sources that prefer it).
+                let start = b.cur.map(|(_, c)| place(c, src_at, align, cap));
+                let room = start.map(|s| cap.saturating_sub(s)).unwrap_or(0);
+                if room < 4.min(r.len - done).max(4) {
+                    self.close_slot(b);
+                    let i = self.next;
+                    if b.held.contains(&i) {
+                        stats.wraps += 1;
+                        self.flush(ctx, &mut b.enc, &mut b.held);
                     }
+                    self.next = (self.next + 1) % self.slots.len();
+                    let t_wait = Instant::now();
+                    self.acquire(ctx, i)?;
+                    stats.wait_s += t_wait.elapsed().as_secs_f64();
+                    b.held.push(i);
+                    b.cur = Some((i, 0));
+                    continue;
+                }
+                let Some((i, _)) = b.cur else { continue };
+                let at = start.unwrap_or(0);
+                let left = r.len - done;
+                // Whole tail when it fits (padded to 4), else a 4-byte multiple that fits.
+                let n = if left.div_ceil(4) * 4 <= room {
+                    left
+                } else {
+                    room / 4 * 4
                 };
-                let e = enc.get_or_insert_with(|| {
+                let padded = n.div_ceil(4) * 4;
+                let t_read = Instant::now();
+                let filled = self.fill(i, src, src_at, n, at);
+                stats.read_s += t_read.elapsed().as_secs_f64();
+                filled?;
+                let e = b.enc.get_or_insert_with(|| {
                     ctx.device
                         .create_command_encoder(&wgpu::CommandEncoderDescriptor {
                             label: Some("upload"),
                         })
                 });
-                e.copy_buffer_to_buffer(
-                    &self.slots[i].buf,
-                    lead,
-                    r.dst,
-                    r.dst_offset + done,
-                    padded,
-                );
-                held.push(i);
+                e.copy_buffer_to_buffer(&self.slots[i].buf, at, r.dst, r.dst_offset + done, padded);
+                b.cur = Some((i, at + padded));
                 stats.bytes += n;
                 stats.chunks += 1;
                 done += n;
             }
         }
-        self.flush(ctx, &mut enc, &mut held);
-        Ok(stats)
+        Ok(())
     }
 
-    /// Read `n` source bytes at `src_at` into mapped slot `i` and unmap it; returns the staging
-    /// offset of the bytes and the copy length (padded to 4).
+    /// Read `n` source bytes at `src_at` into mapped slot `i` at offset `at` (zero padding to a
+    /// multiple of 4).
     fn fill(
         &mut self,
         i: usize,
         src: &(impl ChunkSource + ?Sized),
         src_at: u64,
         n: u64,
-    ) -> Result<(u64, u64), StagingError> {
+        at: u64,
+    ) -> Result<(), StagingError> {
         let padded = n.div_ceil(4) * 4;
-        let align = src.preferred_alignment().clamp(1, SLACK);
-        let mut lead = 0u64;
-        let read = {
-            let slot = &self.slots[i];
-            let mut view = slot
-                .buf
-                .slice(..)
-                .get_mapped_range_mut()
-                .map_err(|e| GpuError::MapFailed(e.to_string()))?;
-            let mut w = view.slice(..);
-            let len = w.len();
-            let ptr = w.as_raw_element_ptr();
-            // SAFETY: `view` maps exactly `len` bytes, is held exclusively until this block
-            // ends, and the memory is initialized (wgpu zero-fills new buffers). Sources only
-            // write into the slice (file reads, copies), so no read of write-combined memory
-            // happens; this lets the file be read straight into staging memory.
-            let view_bytes: &mut [u8] =
-                unsafe { std::slice::from_raw_parts_mut(ptr.as_ptr(), len) };
-            // Start the bytes at an address congruent to their file offset modulo the source's
-            // alignment (copy offsets must stay multiples of 4).
-            if align > 1 {
-                let addr = ptr.as_ptr() as u64;
-                let want = (src_at % align + align - addr % align) % align;
-                if want.is_multiple_of(4) && want + padded <= len as u64 {
-                    lead = want;
-                }
-            }
-            let bytes = &mut view_bytes[lead as usize..(lead + padded) as usize];
-            bytes[n as usize..].fill(0);
-            src.read_into(src_at, &mut bytes[..n as usize])
-        };
-        self.slots[i].buf.unmap();
-        match read {
-            Ok(()) => Ok((lead, padded)),
-            Err(source) => Err(StagingError::Read {
+        let slot = &self.slots[i];
+        let mut view = slot
+            .buf
+            .slice(at..at + padded)
+            .get_mapped_range_mut()
+            .map_err(|e| GpuError::MapFailed(e.to_string()))?;
+        let mut w = view.slice(..);
+        let len = w.len();
+        let ptr = w.as_raw_element_ptr();
+        // SAFETY: `view` maps exactly `len` bytes, is held exclusively until this function
+        // returns, and the memory is initialized (wgpu zero-fills new buffers). Sources only
+        // write into the slice (file reads, copies), so no read of write-combined memory
+        // happens; this lets the file be read straight into staging memory.
+        let bytes: &mut [u8] = unsafe { std::slice::from_raw_parts_mut(ptr.as_ptr(), len) };
+        bytes[n as usize..].fill(0);
+        src.read_into(src_at, &mut bytes[..n as usize])
+            .map_err(|source| StagingError::Read {
                 offset: src_at,
                 len: n,
                 source,
-            }),
+            })
+    }
+
+    /// Unmap the slot being filled, if any (its copies are recorded; it is held until submit).
+    fn close_slot(&mut self, b: &mut Batch) {
+        if let Some((i, _)) = b.cur.take() {
+            self.slots[i].buf.unmap();
         }
     }
 
@@ -412,6 +409,35 @@ impl StagingRing {
             self.request_map(i);
         }
     }
+}
+
+/// Slots needed to hold `bytes` of uploads split into `pieces` ranges in one batch without
+/// wrapping: each piece may waste up to 3 bytes of alignment, and a batch starts a fresh slot.
+pub fn slots_for(bytes: u64, pieces: u64, chunk: u64) -> usize {
+    let chunk = chunk.max(4096).div_ceil(4096) * 4096 + SLACK;
+    (bytes + 3 * pieces).div_ceil(chunk).max(1) as usize
+}
+
+/// Where a piece from source offset `src_at` starts in a slot whose cursor is `cursor`.
+fn place(cursor: u64, src_at: u64, align: u64, cap: u64) -> u64 {
+    let c = cursor.div_ceil(4) * 4;
+    if align <= 4 {
+        return c;
+    }
+    // The staging buffers are page aligned, so addresses follow offsets.
+    let want = c + (src_at % align + align - c % align) % align;
+    if want.is_multiple_of(4) && want < cap {
+        want
+    } else {
+        c
+    }
+}
+
+struct Batch {
+    enc: Option<wgpu::CommandEncoder>,
+    held: Vec<usize>,
+    /// The slot being filled and its cursor.
+    cur: Option<(usize, u64)>,
 }
 
 /// One range for [`StagingRing::upload_batch`].

@@ -13,6 +13,11 @@ use thiserror::Error;
 use crate::gguf::GgmlType;
 use crate::gpu::{Defines, GpuBuffer, GpuContext, GpuError};
 
+mod kv;
+mod ops;
+pub use kv::*;
+pub use ops::*;
+
 /// Rows per workgroup of the matrix kernels on GPUs (the fewest of any layout).
 pub const MM_ROWS_PER_WG: u32 = 4;
 /// Most threads per row of the matrix kernels.
@@ -20,6 +25,9 @@ pub const MM_TPR: u32 = 16;
 /// Tokens per workgroup of the prefill matrix kernel.
 pub const MM_PREFILL_TT: u32 = 8;
 const MAX_WORKGROUPS: u32 = 65_535;
+
+/// Device bytes of one matrix dispatch's parameters.
+pub const MATMUL_PARAMS_BYTES: u64 = std::mem::size_of::<MatmulParams>() as u64;
 
 #[derive(Debug, Error)]
 pub enum KernelError {
@@ -114,6 +122,135 @@ pub fn row_bytes(ty: GgmlType, cols: u32) -> Option<u32> {
     u32::try_from(b).ok()
 }
 
+/// How a weight matrix is laid out on the device: its row size and its parts of whole rows,
+/// each fitting one storage binding and one dispatch grid. The one place rows are split: the
+/// execution plan sizes memory with it, uploads and layer slots allocate with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WeightLayout {
+    pub ty: GgmlType,
+    pub rows: u32,
+    pub cols: u32,
+    pub row_bytes: u32,
+    /// (first row, rows) of each part.
+    pub parts: Vec<(u32, u32)>,
+}
+
+impl WeightLayout {
+    /// Split `rows` x `cols` of type `ty` under a binding limit of `max_binding` bytes.
+    pub fn new(
+        label: &str,
+        ty: GgmlType,
+        rows: u32,
+        cols: u32,
+        max_binding: u64,
+    ) -> Result<Self, KernelError> {
+        let shape = |problem: String| KernelError::Shape {
+            kernel: "weights",
+            problem,
+        };
+        let rb =
+            row_bytes(ty, cols).ok_or_else(|| shape(format!("{label}: row size overflows")))?;
+        if ty.is_quantized() && !cols.is_multiple_of(ty.block_len() as u32) {
+            return Err(shape(format!(
+                "{label}: {cols} columns is not a multiple of the {}-weight block",
+                ty.block_len()
+            )));
+        }
+        let max_bind = max_binding.min(u32::MAX as u64);
+        if (rb as u64) + 16 > max_bind {
+            return Err(shape(format!(
+                "{label}: one row of {rb} bytes exceeds the binding limit {max_bind}"
+            )));
+        }
+        // Keep a little slack for the 2-byte over-reads of unaligned block formats.
+        let rows_fit = ((max_bind.saturating_sub(16)) / rb.max(1) as u64).max(1);
+        let rows_per_part = rows_fit.min((MAX_WORKGROUPS * MM_ROWS_PER_WG) as u64) as u32;
+        let mut parts = Vec::new();
+        let mut r0 = 0u32;
+        while r0 < rows {
+            let n = rows_per_part.min(rows - r0);
+            parts.push((r0, n));
+            r0 += n;
+        }
+        Ok(Self {
+            ty,
+            rows,
+            cols,
+            row_bytes: rb,
+            parts,
+        })
+    }
+
+    /// Bytes of part `i` as allocated (16-byte rounded, as the allocator rounds).
+    pub fn part_bytes(&self, i: usize) -> u64 {
+        let n = self.parts.get(i).map(|p| p.1).unwrap_or(0) as u64;
+        round16(n * self.row_bytes as u64)
+    }
+
+    /// Device bytes of all parts.
+    pub fn device_bytes(&self) -> u64 {
+        (0..self.parts.len()).map(|i| self.part_bytes(i)).sum()
+    }
+
+    /// Empty device buffers for the parts (a layer slot filled by uploads).
+    pub fn alloc(&self, ctx: &GpuContext, label: &str) -> Result<GpuWeight, KernelError> {
+        let mut parts = Vec::with_capacity(self.parts.len());
+        for (i, &(r0, n)) in self.parts.iter().enumerate() {
+            parts.push((
+                ctx.storage(&format!("{label}[{r0}..]"), self.part_bytes(i))?,
+                r0,
+                n,
+            ));
+        }
+        Ok(self.with_parts(parts))
+    }
+
+    /// Device buffers holding `data` (the stored bytes of all rows).
+    pub fn upload(
+        &self,
+        ctx: &GpuContext,
+        label: &str,
+        data: &[u8],
+    ) -> Result<GpuWeight, KernelError> {
+        let rb = self.row_bytes as usize;
+        if data.len() as u64 != self.rows as u64 * rb as u64 {
+            return Err(KernelError::Shape {
+                kernel: "upload_weight",
+                problem: format!(
+                    "{label}: {} bytes given, {} expected",
+                    data.len(),
+                    self.rows as u64 * rb as u64
+                ),
+            });
+        }
+        let mut parts = Vec::with_capacity(self.parts.len());
+        for &(r0, n) in &self.parts {
+            let a = r0 as usize * rb;
+            let b = a + n as usize * rb;
+            parts.push((
+                ctx.storage_with(&format!("{label}[{r0}..]"), &data[a..b])?,
+                r0,
+                n,
+            ));
+        }
+        Ok(self.with_parts(parts))
+    }
+
+    fn with_parts(&self, parts: Vec<(GpuBuffer, u32, u32)>) -> GpuWeight {
+        GpuWeight {
+            ty: self.ty,
+            rows: self.rows,
+            cols: self.cols,
+            row_bytes: self.row_bytes,
+            parts,
+        }
+    }
+}
+
+fn round16(n: u64) -> u64 {
+    n.max(16).div_ceil(16) * 16
+}
+
 /// Upload a weight matrix (`rows` x `cols`, stored bytes `data`) as one or more parts.
 pub fn upload_weight(
     ctx: &GpuContext,
@@ -123,53 +260,7 @@ pub fn upload_weight(
     cols: u32,
     data: &[u8],
 ) -> Result<GpuWeight, KernelError> {
-    let shape = |problem: String| KernelError::Shape {
-        kernel: "upload_weight",
-        problem,
-    };
-    let rb = row_bytes(ty, cols).ok_or_else(|| shape(format!("{label}: row size overflows")))?;
-    if ty != GgmlType::F32
-        && ty != GgmlType::F16
-        && ty != GgmlType::BF16
-        && !cols.is_multiple_of(32)
-    {
-        return Err(shape(format!(
-            "{label}: {cols} columns is not a multiple of 32"
-        )));
-    }
-    if data.len() as u64 != rows as u64 * rb as u64 {
-        return Err(shape(format!(
-            "{label}: {} bytes given, {} expected",
-            data.len(),
-            rows as u64 * rb as u64
-        )));
-    }
-    let max_bind = ctx.max_binding().min(u32::MAX as u64);
-    // Keep a little slack for the 2-byte over-reads of unaligned block formats.
-    let rows_fit = ((max_bind.saturating_sub(16)) / rb.max(1) as u64).max(1);
-    let rows_per_part = rows_fit.min((MAX_WORKGROUPS * MM_ROWS_PER_WG) as u64) as u32;
-    if (rb as u64) + 16 > max_bind {
-        return Err(shape(format!(
-            "{label}: one row of {rb} bytes exceeds the binding limit {max_bind}"
-        )));
-    }
-    let mut parts = Vec::new();
-    let mut r0 = 0u32;
-    while r0 < rows {
-        let n = rows_per_part.min(rows - r0);
-        let a = r0 as usize * rb as usize;
-        let b = a + n as usize * rb as usize;
-        let buf = ctx.storage_with(&format!("{label}[{r0}..]"), &data[a..b])?;
-        parts.push((buf, r0, n));
-        r0 += n;
-    }
-    Ok(GpuWeight {
-        ty,
-        rows,
-        cols,
-        row_bytes: rb,
-        parts,
-    })
+    WeightLayout::new(label, ty, rows, cols, ctx.max_binding())?.upload(ctx, label, data)
 }
 
 fn type_flag(ty: GgmlType) -> &'static str {
@@ -410,288 +501,4 @@ pub fn matmul_part(
     Ok(make_dispatch(
         ctx, "matmul", pipeline, params, &bufs, grid, axis,
     ))
-}
-
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
-struct NormParams {
-    n: u32,
-    x_stride: u32,
-    y_stride: u32,
-    eps: f32,
-    x_offset: u32,
-    n_tokens: u32,
-    _pad: [u32; 2],
-}
-
-/// Y[t] = rmsnorm(X[t]) * w for each token.
-#[allow(clippy::too_many_arguments)]
-pub fn rmsnorm(
-    ctx: &GpuContext,
-    step: &wgpu::Buffer,
-    x: &wgpu::Buffer,
-    w: &wgpu::Buffer,
-    y: &wgpu::Buffer,
-    n: u32,
-    eps: f32,
-    x_offset: u32,
-    n_tokens: u32,
-) -> Result<Dispatch, KernelError> {
-    let pipeline = ctx
-        .pipelines
-        .get(&ctx.device, "rmsnorm", "main", &Defines::new())?;
-    let p = NormParams {
-        n,
-        x_stride: n,
-        y_stride: n,
-        eps,
-        x_offset,
-        n_tokens,
-        _pad: [0; 2],
-    };
-    let params = params_buffer(ctx, "rmsnorm params", &p)?;
-    let (grid, axis) = if n_tokens != 0 {
-        ([n_tokens, 1, 1], TokenAxis::Fixed)
-    } else {
-        ([1, 1, 1], TokenAxis::X(1))
-    };
-    Ok(make_dispatch(
-        ctx,
-        "rmsnorm",
-        pipeline,
-        params,
-        &[step, x, w, y],
-        grid,
-        axis,
-    ))
-}
-
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
-struct RopeParams {
-    n_heads: u32,
-    head_dim: u32,
-    rope_dim: u32,
-    stride: u32,
-    offset: u32,
-    at_pos: u32,
-    neox: u32,
-    n_tokens: u32,
-}
-
-/// Rotary embedding of `n_heads` heads of X in place; `cs` holds (cos, sin) per token and pair.
-#[allow(clippy::too_many_arguments)]
-pub fn rope(
-    ctx: &GpuContext,
-    step: &wgpu::Buffer,
-    cs: &wgpu::Buffer,
-    x: &wgpu::Buffer,
-    n_heads: u32,
-    head_dim: u32,
-    rope_dim: u32,
-    stride: u32,
-    at_pos: bool,
-    neox: bool,
-) -> Result<Dispatch, KernelError> {
-    if !rope_dim.is_multiple_of(2) || rope_dim > head_dim {
-        return Err(KernelError::Shape {
-            kernel: "rope",
-            problem: format!("rope dim {rope_dim} must be even and at most head dim {head_dim}"),
-        });
-    }
-    let pipeline = ctx
-        .pipelines
-        .get(&ctx.device, "rope", "main", &Defines::new())?;
-    let p = RopeParams {
-        n_heads,
-        head_dim,
-        rope_dim,
-        stride,
-        offset: 0,
-        at_pos: at_pos as u32,
-        neox: neox as u32,
-        n_tokens: 0,
-    };
-    let params = params_buffer(ctx, "rope params", &p)?;
-    let grid = [(n_heads * rope_dim / 2).div_ceil(64), 1, 1];
-    Ok(make_dispatch(
-        ctx,
-        "rope",
-        pipeline,
-        params,
-        &[step, cs, x],
-        grid,
-        TokenAxis::Y(1),
-    ))
-}
-
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
-struct AttnParams {
-    n_heads: u32,
-    n_kv_heads: u32,
-    head_dim: u32,
-    q_stride: u32,
-    kv_stride: u32,
-    o_stride: u32,
-    scale: f32,
-    n_tokens: u32,
-}
-
-/// Causal attention of the batch's queries over the KV cache (positions [0, pos0 + t]); with
-/// `kv_f16` the cache holds packed f16 pairs.
-#[allow(clippy::too_many_arguments)]
-pub fn attention(
-    ctx: &GpuContext,
-    step: &wgpu::Buffer,
-    q: &wgpu::Buffer,
-    k_cache: &wgpu::Buffer,
-    v_cache: &wgpu::Buffer,
-    out: &wgpu::Buffer,
-    n_heads: u32,
-    n_kv_heads: u32,
-    head_dim: u32,
-    kv_f16: bool,
-) -> Result<Dispatch, KernelError> {
-    if n_kv_heads == 0 || !n_heads.is_multiple_of(n_kv_heads) {
-        return Err(KernelError::Shape {
-            kernel: "attention",
-            problem: format!("{n_heads} heads are not a multiple of {n_kv_heads} KV heads"),
-        });
-    }
-    if kv_f16 && !head_dim.is_multiple_of(2) {
-        return Err(KernelError::Shape {
-            kernel: "attention",
-            problem: format!("an f16 KV cache needs an even head dim, not {head_dim}"),
-        });
-    }
-    let dpt = head_dim.div_ceil(64).max(1);
-    let mut defines = Defines::new().val("DPT", format!("{dpt}u"));
-    if kv_f16 {
-        defines = defines.flag("KV_F16");
-    }
-    // Q's and the caches' strides are whole heads: all multiples of 4 with the head size.
-    if head_dim.is_multiple_of(4) {
-        defines = defines.flag("VEC4");
-    }
-    let pipeline = ctx
-        .pipelines
-        .get(&ctx.device, "attention", "main", &defines)?;
-    let p = AttnParams {
-        n_heads,
-        n_kv_heads,
-        head_dim,
-        q_stride: n_heads * head_dim,
-        kv_stride: n_kv_heads * head_dim,
-        o_stride: n_heads * head_dim,
-        scale: 1.0 / (head_dim as f32).sqrt(),
-        n_tokens: 0,
-    };
-    let params = params_buffer(ctx, "attention params", &p)?;
-    Ok(make_dispatch(
-        ctx,
-        "attention",
-        pipeline,
-        params,
-        &[step, q, k_cache, v_cache, out],
-        [n_heads, 1, 1],
-        TokenAxis::Y(1),
-    ))
-}
-
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
-struct EltParams {
-    n: u32,
-    stride: u32,
-    offset: u32,
-    at_pos: u32,
-    n_tokens: u32,
-    _pad: [u32; 3],
-}
-
-/// Y[t, i] += B[i] for each token row (rows at the cache position when `at_pos`).
-pub fn add_bias(
-    ctx: &GpuContext,
-    step: &wgpu::Buffer,
-    b: &wgpu::Buffer,
-    y: &wgpu::Buffer,
-    n: u32,
-    stride: u32,
-    at_pos: bool,
-) -> Result<Dispatch, KernelError> {
-    let pipeline = ctx
-        .pipelines
-        .get(&ctx.device, "elementwise", "add_bias", &Defines::new())?;
-    let p = EltParams {
-        n,
-        stride,
-        offset: 0,
-        at_pos: at_pos as u32,
-        n_tokens: 0,
-        _pad: [0; 3],
-    };
-    let params = params_buffer(ctx, "bias params", &p)?;
-    Ok(make_dispatch(
-        ctx,
-        "add_bias",
-        pipeline,
-        params,
-        &[step, b, y],
-        [n.div_ceil(64), 1, 1],
-        TokenAxis::Y(1),
-    ))
-}
-
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
-struct KvParams {
-    n: u32,
-    _pad: [u32; 3],
-}
-
-/// Store the batch's rows of `src` (T x n f32) at cache rows pos0 + t as packed f16.
-pub fn kv_store_f16(
-    ctx: &GpuContext,
-    step: &wgpu::Buffer,
-    src: &wgpu::Buffer,
-    cache: &wgpu::Buffer,
-    n: u32,
-) -> Result<Dispatch, KernelError> {
-    if !n.is_multiple_of(2) {
-        return Err(KernelError::Shape {
-            kernel: "kv_store_f16",
-            problem: format!("row length {n} is odd"),
-        });
-    }
-    let pipeline = ctx
-        .pipelines
-        .get(&ctx.device, "kv", "store_f16", &Defines::new())?;
-    let params = params_buffer(ctx, "kv params", &KvParams { n, _pad: [0; 3] })?;
-    Ok(make_dispatch(
-        ctx,
-        "kv_store",
-        pipeline,
-        params,
-        &[step, src, cache],
-        [(n / 2).div_ceil(64), 1, 1],
-        TokenAxis::Y(1),
-    ))
-}
-
-/// (cos, sin) of (pos0 + t) * base^(-2i / rope_dim) for t in [0, n_tokens), i in [0, rope_dim/2).
-pub fn rope_table(pos0: u32, n_tokens: u32, rope_dim: u32, base: f32) -> Vec<f32> {
-    let half = (rope_dim / 2) as usize;
-    let mut out = Vec::with_capacity(n_tokens as usize * half * 2);
-    for t in 0..n_tokens {
-        // In f64: at positions in the thousands an f32 angle is off by ~1e-4 radians.
-        let pos = (pos0 + t) as f64;
-        for i in 0..half {
-            let freq = (base as f64).powf(-((2 * i) as f64) / rope_dim as f64);
-            let theta = pos * freq;
-            out.push(theta.cos() as f32);
-            out.push(theta.sin() as f32);
-        }
-    }
-    out
 }

@@ -1,0 +1,355 @@
+//! Command-line arguments, with bounds on every number.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::flash::IoMode;
+use crate::sampling::SamplerParams;
+
+use super::CliResult;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "flashlm",
+    version,
+    about = "LLM inference with weights and KV cache on flash, streamed to the GPU through wgpu"
+)]
+pub struct Cli {
+    /// List the GPU adapters and exit.
+    #[arg(long, global = true)]
+    pub list_adapters: bool,
+    /// Backends to use: vulkan, metal, dx12, gl (default: WGPU_BACKEND, else all).
+    #[arg(long, global = true)]
+    pub backend: Option<String>,
+    /// Pick the adapter whose name contains this text (default: WGPU_ADAPTER_NAME, else the best).
+    #[arg(long, global = true)]
+    pub adapter: Option<String>,
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Complete a prompt (raw, no chat template).
+    Run(RunArgs),
+    /// Interactive multi-turn chat with the model's template; Ctrl-D ends it.
+    Chat(ChatArgs),
+    /// Show a model's config, tensors and tokenizer.
+    Info {
+        /// The GGUF file (default: the default model).
+        path: Option<PathBuf>,
+        /// The GGUF file (same as the positional argument).
+        #[arg(long, short = 'm', conflicts_with = "path")]
+        model: Option<PathBuf>,
+    },
+    /// Show what a saved session file holds (tokens, pages, sizes, the model it belongs to).
+    SessionInfo {
+        /// The session file.
+        file: PathBuf,
+    },
+    /// Evaluations.
+    Eval(EvalArgs),
+    /// Benchmarks.
+    Bench(BenchArgs),
+}
+
+fn bounded(s: &str, what: &str, lo: u64, hi: u64) -> Result<u64, String> {
+    let v: u64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{what} must be a whole number from {lo} to {hi}, got {s:?}"))?;
+    if v < lo || v > hi {
+        return Err(format!("{what} must be from {lo} to {hi}, got {v}"));
+    }
+    Ok(v)
+}
+
+macro_rules! bounded_parser {
+    ($name:ident, $ty:ty, $what:expr, $lo:expr, $hi:expr) => {
+        fn $name(s: &str) -> Result<$ty, String> {
+            bounded(s, $what, $lo, $hi).map(|v| v as $ty)
+        }
+    };
+}
+
+bounded_parser!(parse_ctx, usize, "--ctx", 1, 1 << 22);
+bounded_parser!(parse_io_threads, usize, "--io-threads", 1, 256);
+bounded_parser!(parse_prefetch, usize, "--prefetch", 0, 64);
+bounded_parser!(parse_kv_page, u32, "--kv-page", 1, 1024);
+bounded_parser!(parse_kv_window, u32, "--kv-window", 0, 1 << 16);
+bounded_parser!(parse_dense, u32, "--kv-select-dense-layers", 0, 4096);
+bounded_parser!(parse_ubatch, usize, "--ubatch", 1, 512);
+bounded_parser!(parse_n, usize, "--n-predict", 0, 1 << 22);
+bounded_parser!(parse_top_k, usize, "--top-k", 0, 1 << 24);
+bounded_parser!(parse_last_n, usize, "--repeat-last-n", 0, 1 << 22);
+bounded_parser!(parse_runs, usize, "--runs", 1, 1000);
+bounded_parser!(parse_chunks, usize, "--chunks", 1, 1 << 20);
+bounded_parser!(parse_tokens, usize, "token count", 1, 1 << 22);
+
+pub fn parse_size_arg(s: &str) -> Result<u64, String> {
+    crate::flash::parse_size(s)
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ModelArgs {
+    /// GGUF model file (default: $FLASHLM_MODEL, else the cached SmolLM2-135M-Instruct).
+    #[arg(long, short = 'm')]
+    pub model: Option<PathBuf>,
+    /// Context length in tokens (default: the model's, at most 2048; up to the model's
+    /// context length under any budget: the KV cache pages to flash).
+    #[arg(long, value_parser = parse_ctx)]
+    pub ctx: Option<usize>,
+    /// Cap on every device byte (weights, KV, activations, staging), e.g. 16MiB or 1.5GB.
+    /// Default: what the adapter allows, so everything can be resident.
+    #[arg(long, value_parser = parse_size_arg)]
+    pub gpu_budget: Option<u64>,
+    /// How the model file and the KV page file are read and written: direct (bypasses the
+    /// page cache, so bytes per token are true flash reads) or mmap.
+    #[arg(long, default_value = "direct")]
+    pub io: IoMode,
+    /// Reader threads per read.
+    #[arg(long, default_value = "4", value_parser = parse_io_threads)]
+    pub io_threads: usize,
+    /// Bytes per read request, e.g. 1MiB.
+    #[arg(long, default_value = "1MiB", value_parser = parse_size_arg)]
+    pub io_chunk: u64,
+    /// Host-side cache shared by weight bytes and KV pages (kept in DRAM instead of re-read
+    /// from flash), e.g. 64MiB.
+    #[arg(long, default_value = "0", value_parser = parse_size_arg)]
+    pub dram_budget: u64,
+    /// What stays on the GPU: auto (from the budget), all, none, or a list such as 0-9,head.
+    #[arg(long, default_value = "auto")]
+    pub resident: String,
+    /// Streamed layers read ahead of the one computing.
+    #[arg(long, default_value = "1", value_parser = parse_prefetch)]
+    pub prefetch: usize,
+    /// Tokens per forward batch (prefill).
+    #[arg(long, default_value = "64", value_parser = parse_ubatch)]
+    pub ubatch: usize,
+    /// KV cache element type: f16 (half the memory) or f32.
+    #[arg(long, default_value = "f16", value_parser = ["f16", "f32"])]
+    pub kv: String,
+    /// Tokens per KV page (a power of two, 1 to 1024).
+    #[arg(long, value_parser = parse_kv_page)]
+    pub kv_page: Option<u32>,
+    /// Recent KV pages kept on the device beyond those a batch writes.
+    #[arg(long, default_value = "0", value_parser = parse_kv_window)]
+    pub kv_window: u32,
+    /// Attend only selected KV pages: quest:N (the N pages with the highest upper bound of
+    /// their attention scores) or quest:P% (that share of the pages). Default: every page.
+    #[arg(long)]
+    pub kv_select: Option<String>,
+    /// Layers, counted from the first, that attend every page despite --kv-select.
+    #[arg(long, default_value = "2", value_parser = parse_dense)]
+    pub kv_select_dense_layers: u32,
+    /// Directory of the KV page file (default: kv/ under the cache directory). The file is
+    /// removed at exit.
+    #[arg(long)]
+    pub kv_dir: Option<PathBuf>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct SampleArgs {
+    /// Temperature; 0 is greedy.
+    #[arg(long, default_value_t = 0.8)]
+    pub temp: f32,
+    /// Keep the K most likely tokens (0: all).
+    #[arg(long, default_value = "40", value_parser = parse_top_k)]
+    pub top_k: usize,
+    /// Keep the smallest set of tokens whose probability reaches P.
+    #[arg(long, default_value_t = 0.95)]
+    pub top_p: f32,
+    /// Penalize tokens seen in the last --repeat-last-n tokens (1.0: off).
+    #[arg(long, default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    #[arg(long, default_value = "64", value_parser = parse_last_n)]
+    pub repeat_last_n: usize,
+    /// Random seed.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+impl SampleArgs {
+    pub fn params(&self) -> SamplerParams {
+        SamplerParams {
+            temperature: self.temp,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            repeat_penalty: self.repeat_penalty,
+            repeat_last_n: self.repeat_last_n,
+            seed: self.seed,
+        }
+    }
+    pub fn check(&self) -> CliResult<()> {
+        if !self.temp.is_finite() || self.temp < 0.0 {
+            return Err(format!("--temp must be a number >= 0, got {}", self.temp).into());
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(format!("--top-p must be in (0, 1], got {}", self.top_p).into());
+        }
+        if !self.repeat_penalty.is_finite() || self.repeat_penalty <= 0.0 {
+            return Err(format!(
+                "--repeat-penalty must be a number > 0, got {}",
+                self.repeat_penalty
+            )
+            .into());
+        }
+        Ok(())
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// The prompt text.
+    #[arg(long, short = 'p')]
+    pub prompt: String,
+    /// Tokens to generate.
+    #[arg(short = 'n', long = "n-predict", default_value = "64", value_parser = parse_n)]
+    pub n: usize,
+    #[command(flatten)]
+    pub sample: SampleArgs,
+    /// Write the run's figures and token ids as JSON.
+    #[arg(long)]
+    pub stats_json: Option<PathBuf>,
+    /// Write a Chrome trace (Perfetto, chrome://tracing) of reads, uploads and compute.
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    /// Session file: resume from it when the prompt shares a prefix with its tokens, and save
+    /// the tokens and KV pages to it at the end.
+    #[arg(long)]
+    pub session: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct ChatArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// System prompt (default: the template's own).
+    #[arg(long)]
+    pub system: Option<String>,
+    /// Most tokens per reply.
+    #[arg(short = 'n', long = "n-predict", default_value = "512", value_parser = parse_n)]
+    pub n: usize,
+    #[command(flatten)]
+    pub sample: SampleArgs,
+    /// Session file: the conversation's tokens and KV pages, loaded at start when present and
+    /// saved after every reply.
+    #[arg(long)]
+    pub session: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct EvalArgs {
+    #[command(subcommand)]
+    pub which: EvalKind,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum EvalKind {
+    /// Perplexity over a text file (llama.cpp's method: non-overlapping chunks of --ctx
+    /// tokens, the second half of each chunk scored).
+    Ppl {
+        #[command(flatten)]
+        model: ModelArgs,
+        /// The text file (UTF-8).
+        #[arg(long)]
+        file: PathBuf,
+        /// Chunks to evaluate (default: all the text holds).
+        #[arg(long, value_parser = parse_chunks)]
+        chunks: Option<usize>,
+        /// Write the result as JSON.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
+}
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    pub which: BenchKind,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum BenchKind {
+    /// Streaming under budgets (scenario S1: 16 MiB, direct I/O, cold cache; a half-model
+    /// budget; all resident): ms/token, flash bytes/token, overlap, ring vs raw cold read.
+    Stream {
+        #[command(flatten)]
+        model: ModelArgs,
+        /// Budgets to run besides all-resident (default: 16MiB and one holding half the model).
+        #[arg(long, value_delimiter = ',', value_parser = parse_size_arg)]
+        budgets: Vec<u64>,
+        /// Prompt tokens.
+        #[arg(long, default_value = "64", value_parser = parse_tokens)]
+        prompt_tokens: usize,
+        /// Decoded tokens.
+        #[arg(short = 'n', long, default_value = "128", value_parser = parse_tokens)]
+        n: usize,
+        /// Repetitions (medians are reported).
+        #[arg(long, default_value = "3", value_parser = parse_runs)]
+        runs: usize,
+        /// Write the figures as JSON.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
+    /// The KV cache on flash (scenario S2: a long prompt of natural prose under 16 MiB, exact
+    /// attention and page selection), session resume, and the page hit-rate model's error.
+    Kv {
+        #[command(flatten)]
+        model: ModelArgs,
+        /// Text to take the prompt and the perplexity chunks from (default: data/ in the repo).
+        #[arg(long)]
+        text: Option<PathBuf>,
+        /// Prompt tokens.
+        #[arg(long, default_value = "4096", value_parser = parse_tokens)]
+        prompt_tokens: usize,
+        /// Decoded tokens.
+        #[arg(short = 'n', long, default_value = "128", value_parser = parse_tokens)]
+        n: usize,
+        /// Repetitions (medians are reported).
+        #[arg(long, default_value = "3", value_parser = parse_runs)]
+        runs: usize,
+        /// Perplexity chunks per mode (0: skip perplexity).
+        #[arg(long, default_value = "1")]
+        ppl_chunks: usize,
+        /// Write the figures as JSON.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
+    /// Everything resident on the GPU: prefill and decode tok/s, matvec GB/s against a copy.
+    Resident {
+        #[command(flatten)]
+        model: ModelArgs,
+        /// Repetitions (the median is reported).
+        #[arg(long, default_value = "5", value_parser = parse_runs)]
+        runs: usize,
+        /// Write the figures as JSON.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
+    /// Flash read throughput from a cold page cache: raw read, direct and mmap over piece size
+    /// × threads, and the staging ring into device buffers.
+    Io {
+        /// GGUF model file (default: $FLASHLM_MODEL, else the cached SmolLM2-135M-Instruct).
+        #[arg(long, short = 'm')]
+        model: Option<PathBuf>,
+        /// Bytes of tensor data to read per measurement (e.g. 64MiB, 16M, 1e8).
+        #[arg(long, default_value = "64MiB", value_parser = crate::flash::parse_size)]
+        bytes: u64,
+        /// Repetitions of each cheap measurement (the median is reported).
+        #[arg(long, default_value = "3", value_parser = parse_runs)]
+        repeats: usize,
+        /// Skip the staging-ring path (no GPU needed).
+        #[arg(long)]
+        no_gpu: bool,
+        /// Write the figures as JSON.
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// Write an SVG plot of GB/s against piece size.
+        #[arg(long)]
+        plot: Option<PathBuf>,
+    },
+}

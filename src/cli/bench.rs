@@ -1,0 +1,131 @@
+//! `bench`: dispatch to the benchmarks in [`crate::bench`].
+
+use super::{BenchArgs, BenchKind, Cli, CliResult, engine_options, resolve_model};
+use crate::gpu::GpuOptions;
+use crate::model::load_model;
+
+pub fn bench(cli: &Cli, b: &BenchArgs) -> CliResult<()> {
+    match &b.which {
+        BenchKind::Stream {
+            model,
+            budgets,
+            prompt_tokens,
+            n,
+            runs: _,
+            json,
+        } => {
+            let path = resolve_model(&model.model)?;
+            let m = load_model(&path)?;
+            let base = engine_options(&cli, model, m.cfg.n_layers)?;
+            let budgets = if budgets.is_empty() {
+                // Half the model: the streaming minimum plus half the weight bytes.
+                let weights: u64 = m
+                    .gguf
+                    .tensors
+                    .iter()
+                    .filter(|t| t.dims.len() == 2)
+                    .map(|t| t.n_bytes)
+                    .sum();
+                vec![16 << 20, (16 << 20) + weights / 2]
+            } else {
+                budgets.clone()
+            };
+            let mut scenarios = vec![crate::bench::Scenario {
+                name: "all resident".into(),
+                budget: None,
+                io: model.io,
+            }];
+            for (i, b) in budgets.iter().enumerate() {
+                scenarios.push(crate::bench::Scenario {
+                    name: if i == 0 && *b == 16 << 20 {
+                        "S1".into()
+                    } else {
+                        format!("budget {:.1} MiB", *b as f64 / 1048576.0)
+                    },
+                    budget: Some(*b),
+                    io: model.io,
+                });
+            }
+            let report = crate::bench::stream(&m, &base, &scenarios, *prompt_tokens, *n)?;
+            println!("{}", report.to_markdown());
+            if let Some(j) = json {
+                std::fs::write(j, serde_json::to_string_pretty(&report)?)?;
+            }
+            Ok(())
+        }
+        BenchKind::Resident { model, runs, json } => {
+            let path = resolve_model(&model.model)?;
+            let m = load_model(&path)?;
+            let report = crate::bench::resident(
+                m.gguf.clone(),
+                &engine_options(&cli, model, m.cfg.n_layers)?,
+                &m.tokenizer,
+                (*runs).max(1),
+            )?;
+            println!("{}", report.to_markdown());
+            if let Some(j) = json {
+                std::fs::write(j, serde_json::to_string_pretty(&report)?)?;
+            }
+            Ok(())
+        }
+        BenchKind::Io {
+            model,
+            bytes,
+            repeats,
+            no_gpu,
+            json,
+            plot,
+        } => {
+            let report = crate::bench::io::run(&crate::bench::io::IoBenchOptions {
+                model: resolve_model(model)?,
+                bytes: *bytes,
+                repeats: (*repeats).max(1),
+                gpu: (!*no_gpu).then(|| GpuOptions {
+                    backend: cli.backend.clone(),
+                    adapter: cli.adapter.clone(),
+                    budget: None,
+                    matmul_layout: None,
+                }),
+            })?;
+            println!("{}", report.to_markdown());
+            if let Some(j) = json {
+                std::fs::write(j, serde_json::to_string_pretty(&report)?)
+                    .map_err(|e| format!("writing {}: {e}", j.display()))?;
+            }
+            if let Some(p) = plot {
+                std::fs::write(p, report.to_svg())
+                    .map_err(|e| format!("writing {}: {e}", p.display()))?;
+            }
+            Ok(())
+        }
+        BenchKind::Kv {
+            model,
+            text,
+            prompt_tokens,
+            n,
+            runs,
+            ppl_chunks,
+            json,
+        } => {
+            let path = resolve_model(&model.model)?;
+            let m = load_model(&path)?;
+            let base = engine_options(cli, model, m.cfg.n_layers)?;
+            let report = crate::bench::kv::run(&crate::bench::kv::KvBenchOptions {
+                model: &m,
+                base,
+                io: model.io,
+                text: text.clone(),
+                prompt_tokens: *prompt_tokens,
+                n_gen: *n,
+                runs: *runs,
+                ppl_chunks: *ppl_chunks,
+            })?;
+            println!("{}", report.to_markdown());
+            if let Some(j) = json {
+                std::fs::write(j, serde_json::to_string_pretty(&report)?)
+                    .map_err(|e| format!("writing {}: {e}", j.display()))?;
+            }
+            Ok(())
+        }
+    }
+}

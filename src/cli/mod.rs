@@ -1,0 +1,207 @@
+//! The command line: `run`, `chat`, `info`, `session-info`, `eval`, `bench`, `--list-adapters`.
+//!
+//! A token's path starts here: [`run`] loads the model, starts the engine with the options
+//! [`engine_options`] builds from the flags, and streams the completion.
+
+mod args;
+mod bench;
+mod eval;
+mod run;
+
+use std::path::{Path, PathBuf};
+
+pub use args::*;
+
+use crate::engine::{Engine, EngineOptions, ResidentSpec};
+use crate::flash::source::FlashSource;
+use crate::flash::{FlashFile, ReaderOptions};
+use crate::gpu::GpuOptions;
+use crate::model::chat::ChatTemplate;
+use crate::model::{LoadedModel, load_model};
+use crate::paths;
+use crate::plan::KvSelect;
+
+pub(crate) type CliResult<T> = Result<T, Box<dyn std::error::Error>>;
+
+/// The model file to use: the flag, else the default (with instructions when it is missing).
+pub fn resolve_model(arg: &Option<PathBuf>) -> CliResult<PathBuf> {
+    match arg {
+        Some(p) => {
+            if !p.is_file() {
+                return Err(format!("model file {} does not exist", p.display()).into());
+            }
+            Ok(p.clone())
+        }
+        None => {
+            let p = paths::default_model_path();
+            if !p.is_file() {
+                return Err(paths::how_to_get_model().into());
+            }
+            Ok(p)
+        }
+    }
+}
+
+/// Engine options from the model flags.
+pub fn engine_options(cli: &Cli, m: &ModelArgs, n_layers: usize) -> CliResult<EngineOptions> {
+    let kv_select = match &m.kv_select {
+        Some(s) => Some(KvSelect::parse(s, m.kv_select_dense_layers)?),
+        None => None,
+    };
+    Ok(EngineOptions {
+        gpu: GpuOptions {
+            backend: cli.backend.clone(),
+            adapter: cli.adapter.clone(),
+            budget: m.gpu_budget,
+            matmul_layout: None,
+        },
+        ctx: m.ctx,
+        ubatch: m.ubatch,
+        prefetch: m.prefetch,
+        kv_f16: m.kv == "f16",
+        kv_page: m.kv_page,
+        kv_window: m.kv_window,
+        kv_select,
+        kv_dir: m.kv_dir.clone(),
+        resident: ResidentSpec::parse(&m.resident, n_layers)?,
+        ..Default::default()
+    })
+}
+
+/// Check the flags that need no model before loading anything.
+pub fn precheck(m: &ModelArgs) -> CliResult<()> {
+    // Syntax of --resident (layer numbers are checked against the model later).
+    ResidentSpec::parse(&m.resident, usize::MAX)?;
+    if let Some(s) = &m.kv_select {
+        KvSelect::parse(s, m.kv_select_dense_layers)?;
+    }
+    if let Some(p) = m.kv_page
+        && !p.is_power_of_two()
+    {
+        return Err(format!("--kv-page must be a power of two, got {p}").into());
+    }
+    Ok(())
+}
+
+/// Open the model file for run-time reads and start the engine; prints the placement.
+pub fn start_engine(
+    cli: &Cli,
+    m: &ModelArgs,
+    model: &LoadedModel,
+    opts: EngineOptions,
+) -> CliResult<Engine> {
+    let file = FlashFile::open(
+        &model.path,
+        ReaderOptions {
+            mode: m.io,
+            threads: m.io_threads.max(1),
+            chunk: usize::try_from(m.io_chunk).map_err(|_| "--io-chunk is too large")?,
+        },
+    )?;
+    let source = std::sync::Arc::new(FlashSource::new(file, m.dram_budget));
+    let engine = Engine::with_source(model.gguf.clone(), source, &opts)?;
+    let _ = cli;
+    let kv = &engine.plan.kv;
+    eprintln!(
+        "{} | context {} tokens | KV: {}-token pages, {} of {} per layer on the device{} | I/O {} | {}",
+        engine.placement,
+        engine.max_ctx(),
+        kv.page_tokens,
+        kv.home_pages,
+        kv.max_pages,
+        if kv.streams {
+            ", the rest on flash"
+        } else {
+            ""
+        },
+        m.io,
+        engine.ctx.describe()
+    );
+    Ok(engine)
+}
+
+pub fn main_with(cli: Cli) -> CliResult<()> {
+    if cli.list_adapters {
+        let list = crate::gpu::list_adapters(&cli.backend)?;
+        if list.is_empty() {
+            println!("no adapters found");
+        }
+        for (i, a) in list.iter().enumerate() {
+            println!(
+                "{i}: {} ({:?}, {:?}, driver {} {})",
+                a.name, a.backend, a.device_type, a.driver, a.driver_info
+            );
+        }
+        return Ok(());
+    }
+    match &cli.command {
+        None => Err("no command given; try `flashlm --help`".into()),
+        Some(Command::Info { path, model }) => {
+            info(&resolve_model(&path.clone().or_else(|| model.clone()))?)
+        }
+        Some(Command::SessionInfo { file }) => {
+            let s = crate::kv::session::Session::open(file)?;
+            println!("{}", s.info());
+            Ok(())
+        }
+        Some(Command::Run(a)) => run::run(&cli, a),
+        Some(Command::Chat(a)) => run::chat(&cli, a),
+        Some(Command::Eval(e)) => eval::eval(&cli, e),
+        Some(Command::Bench(b)) => bench::bench(&cli, b),
+    }
+}
+
+fn info(path: &Path) -> CliResult<()> {
+    let m = load_model(path)?;
+    let g = &m.gguf;
+    println!(
+        "file: {} ({} bytes, GGUF v{})",
+        path.display(),
+        g.file_len,
+        g.version
+    );
+    if let Ok(Some(name)) = g.get_str("general.name") {
+        println!("name: {name}");
+    }
+    println!("{}", m.cfg);
+    let mut by_type: std::collections::BTreeMap<&str, (usize, u64)> = Default::default();
+    for t in &g.tensors {
+        let e = by_type.entry(t.ty.name()).or_default();
+        e.0 += 1;
+        e.1 += t.n_bytes;
+    }
+    println!("tensors: {}", g.tensors.len());
+    for (ty, (n, bytes)) in by_type {
+        println!(
+            "  {ty:>5}: {n:4} tensors, {:10.2} MiB",
+            bytes as f64 / 1048576.0
+        );
+    }
+    let tk = &m.tokenizer;
+    println!(
+        "tokenizer: {:?} (pre-tokenizer {:?}), {} tokens, bos {:?} eos {:?}, add_bos {}, end-of-generation ids {:?}",
+        tk.model(),
+        tk.pre_tokenizer(),
+        tk.n_vocab(),
+        tk.bos_id(),
+        tk.eos_id(),
+        tk.add_bos(),
+        tk.eog_ids()
+    );
+    let tpl = ChatTemplate::from_gguf(g).is_ok();
+    println!(
+        "chat template: {}",
+        if g.get_str("tokenizer.chat_template")
+            .ok()
+            .flatten()
+            .is_some()
+        {
+            "from the file"
+        } else if tpl {
+            "ChatML (default)"
+        } else {
+            "none"
+        }
+    );
+    Ok(())
+}

@@ -1,0 +1,338 @@
+//! `run` and `chat`: prompt in, streamed completion out, figures on stderr; sessions that save
+//! and resume the KV cache.
+
+use std::io::{BufRead, Write};
+use std::path::Path;
+use std::time::Instant;
+
+use super::{
+    ChatArgs, Cli, CliResult, RunArgs, engine_options, precheck, resolve_model, start_engine,
+};
+use crate::engine::{Engine, GenStats};
+use crate::kv::session::Session;
+use crate::model::chat::{ChatMessage, ChatTemplate};
+use crate::model::load_model;
+use crate::sampling::Sampler;
+
+fn print_stats(engine: &Engine, stats: &GenStats) {
+    eprintln!();
+    eprintln!(
+        "prefill: {} tokens, {:.1} tok/s | decode: {} tokens, {:.2} tok/s ({:.1} ms/token) | TTFT {:.0} ms",
+        stats.prompt_tokens,
+        stats.prefill_tok_s,
+        stats.generated_tokens,
+        stats.decode_tok_s,
+        stats.ms_per_token,
+        stats.ttft_ms
+    );
+    eprintln!(
+        "flash bytes per token: {:.0} | upload {:.2} GB/s | GPU idle (waiting) {:.0}% | overlap efficiency {:.2}",
+        stats.flash_bytes_per_token,
+        stats.upload_gb_s,
+        stats.io_wait_share * 100.0,
+        stats.overlap_efficiency
+    );
+    if engine.plan.kv.streams {
+        let p = engine.kv_prediction(stats);
+        eprintln!(
+            "KV: {:.1} pages/token, {:.0} bytes/token from flash (predicted {:.0}) | host-cache hit rate {:.3} (predicted {:.3}) | written {:.0} bytes/token, {} pages{}",
+            stats.kv_pages_per_token,
+            stats.kv_flash_bytes_per_token,
+            p.flash_bytes_per_token,
+            stats.kv_hit_rate,
+            p.hit_rate,
+            stats.kv_bytes_written_per_token,
+            stats.kv_pages_written,
+            if engine.plan.kv.select.is_some() {
+                format!(
+                    " | selection reuse {:.2}, prefetch hit rate {:.2}",
+                    stats.selection_reuse, stats.prefetch_hit_rate
+                )
+            } else {
+                String::new()
+            }
+        );
+    }
+    eprintln!(
+        "peak device memory: {:.2} MiB of {} | adapter: {} | backend: {}",
+        stats.peak_device_bytes as f64 / 1048576.0,
+        if engine.placement.budget == u64::MAX {
+            "no budget".to_string()
+        } else {
+            format!("{:.2} MiB", engine.placement.budget as f64 / 1048576.0)
+        },
+        engine.ctx.info.name,
+        engine.ctx.backend_name()
+    );
+}
+
+/// Open `path` as a session for this engine if it exists; a session of another model or
+/// configuration is an error naming what differs.
+fn open_session(engine: &Engine, path: &Path) -> CliResult<Option<Session>> {
+    if !path.exists() {
+        return Ok(None);
+    }
+    let s = Session::open(path).map_err(|e| format!("session {}: {e}", path.display()))?;
+    s.check_identity(&engine.session_identity())
+        .map_err(|e| format!("session {}: {e}", path.display()))?;
+    Ok(Some(s))
+}
+
+pub fn run(cli: &Cli, a: &RunArgs) -> CliResult<()> {
+    a.sample.check()?;
+    precheck(&a.model)?;
+    let path = resolve_model(&a.model.model)?;
+    let m = load_model(&path)?;
+    let prompt_ids = m.tokenizer.encode(&a.prompt, false);
+    if prompt_ids.is_empty() {
+        return Err("the prompt is empty after tokenization".into());
+    }
+    let mut opts = engine_options(cli, &a.model, m.cfg.n_layers)?;
+    opts.trace = a.trace.is_some();
+    let mut engine = start_engine(cli, &a.model, &m, opts)?;
+    let t0 = Instant::now();
+    let mut reused = 0;
+    if let Some(sp) = &a.session
+        && let Some(s) = open_session(&engine, sp)?
+    {
+        reused = engine.resume(&s, &prompt_ids)?;
+        eprintln!(
+            "session {}: {reused} of {} prompt tokens loaded in {:.0} ms",
+            sp.display(),
+            prompt_ids.len(),
+            t0.elapsed().as_secs_f64() * 1e3
+        );
+    }
+    let load_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let mut sampler = Sampler::new(a.sample.params());
+    let tk = &m.tokenizer;
+    let mut dec = tk.stream_decoder(true);
+    let stdout = std::io::stdout();
+    let (generated, stats) = engine.generate(
+        &prompt_ids[reused..],
+        a.n,
+        &mut sampler,
+        |id| tk.is_end_of_generation(id),
+        |id| {
+            if let Ok(s) = dec.push(id) {
+                let mut out = stdout.lock();
+                let _ = out.write_all(s.as_bytes());
+                let _ = out.flush();
+            }
+            true
+        },
+    )?;
+    print!("{}", dec.finish());
+    println!();
+    print_stats(&engine, &stats);
+    let ttft_ms = stats.ttft_ms + load_ms;
+    if reused > 0 {
+        eprintln!("TTFT with the session: {ttft_ms:.0} ms (session load included)");
+    }
+    if let Some(sp) = &a.session {
+        let t = Instant::now();
+        let st = engine.save_session(sp)?;
+        eprintln!(
+            "session saved to {}: {} tokens, {} bytes in {:.0} ms",
+            sp.display(),
+            engine.n_past(),
+            st.bytes,
+            t.elapsed().as_secs_f64() * 1e3
+        );
+    }
+    if let Some(p) = &a.trace {
+        engine.write_trace(p)?;
+        eprintln!("trace written to {}", p.display());
+    }
+    if let Some(p) = &a.stats_json {
+        let pred = engine.kv_prediction(&stats);
+        let j = serde_json::json!({
+            "prompt_ids": prompt_ids,
+            "generated_ids": generated,
+            "session_tokens_reused": reused,
+            "ttft_ms": ttft_ms,
+            "stats": stats,
+            "kv_predicted": pred,
+            "gpu_budget": engine.placement.budget,
+            "placement": engine.placement.to_string(),
+            "kv_page_tokens": engine.plan.kv.page_tokens,
+            "kv_home_pages": engine.plan.kv.home_pages,
+            "kv_streams": engine.plan.kv.streams,
+            "context": engine.max_ctx(),
+            "io": a.model.io.to_string(),
+            "backend": engine.ctx.backend_name(),
+            "adapter": engine.ctx.info.name,
+            "load_bytes": engine.load_bytes,
+            "model": m.path.display().to_string(),
+            // Flat copies of the headline figures.
+            "prefill_tok_s": stats.prefill_tok_s,
+            "decode_tok_s": stats.decode_tok_s,
+            "ms_per_token": stats.ms_per_token,
+            "flash_bytes_per_token": stats.flash_bytes_per_token,
+            "peak_device_bytes": stats.peak_device_bytes,
+            "overlap_efficiency": stats.overlap_efficiency,
+            "upload_gb_s": stats.upload_gb_s,
+        });
+        std::fs::write(p, serde_json::to_string_pretty(&j)?)
+            .map_err(|e| format!("writing {}: {e}", p.display()))?;
+    }
+    Ok(())
+}
+
+/// The chat's messages, kept beside its session file.
+fn messages_path(session: &Path) -> std::path::PathBuf {
+    let mut s = session.as_os_str().to_owned();
+    s.push(".chat.json");
+    s.into()
+}
+
+fn save_chat(engine: &mut Engine, session: &Path, messages: &[ChatMessage]) -> CliResult<()> {
+    engine.save_session(session)?;
+    let mp = messages_path(session);
+    let tmp = mp.with_extension("json.tmp");
+    let j: Vec<serde_json::Value> = messages
+        .iter()
+        .map(|m| serde_json::json!({"role": m.role, "content": m.content}))
+        .collect();
+    std::fs::write(&tmp, serde_json::to_string(&j)?)?;
+    std::fs::rename(&tmp, &mp)?;
+    Ok(())
+}
+
+fn load_messages(session: &Path) -> Vec<ChatMessage> {
+    let Ok(text) = std::fs::read_to_string(messages_path(session)) else {
+        return Vec::new();
+    };
+    let Ok(v) = serde_json::from_str::<Vec<serde_json::Value>>(&text) else {
+        return Vec::new();
+    };
+    v.iter()
+        .filter_map(|m| {
+            Some(ChatMessage::new(
+                m.get("role")?.as_str()?,
+                m.get("content")?.as_str()?,
+            ))
+        })
+        .collect()
+}
+
+pub fn chat(cli: &Cli, a: &ChatArgs) -> CliResult<()> {
+    a.sample.check()?;
+    precheck(&a.model)?;
+    let path = resolve_model(&a.model.model)?;
+    let m = load_model(&path)?;
+    let template = ChatTemplate::from_gguf(&m.gguf)?;
+    let opts = engine_options(cli, &a.model, m.cfg.n_layers)?;
+    let mut engine = start_engine(cli, &a.model, &m, opts)?;
+    let mut sampler = Sampler::new(a.sample.params());
+    let tk = &m.tokenizer;
+    let mut messages: Vec<ChatMessage> = Vec::new();
+    if let Some(sp) = &a.session
+        && let Some(s) = open_session(&engine, sp)?
+    {
+        messages = load_messages(sp);
+        if !messages.is_empty() {
+            let ids = s.tokens().to_vec();
+            let mut with_next = ids.clone();
+            // Load every saved token (the next turn's first token is new).
+            with_next.push(u32::MAX);
+            let n = engine.resume(&s, &with_next)?;
+            eprintln!(
+                "[session {}: {} messages, {n} tokens restored]",
+                sp.display(),
+                messages.len()
+            );
+        }
+    }
+    if messages.is_empty()
+        && let Some(s) = &a.system
+    {
+        messages.push(ChatMessage::new("system", s));
+    }
+    eprintln!(
+        "flashlm chat: {} on {} — type a message, Ctrl-D to quit.",
+        m.path
+            .file_name()
+            .and_then(|s| s.to_str())
+            .unwrap_or("model"),
+        engine.ctx.describe()
+    );
+    let stdin = std::io::stdin();
+    let mut line = String::new();
+    loop {
+        eprint!("> ");
+        line.clear();
+        if stdin.lock().read_line(&mut line)? == 0 {
+            eprintln!();
+            return Ok(());
+        }
+        let text = line.trim_end_matches(['\n', '\r']);
+        if text.trim().is_empty() {
+            continue;
+        }
+        messages.push(ChatMessage::new("user", text));
+        let rendered = template.render(&messages, true)?;
+        let mut ids = tk.encode(&rendered, true);
+        if ids.len() + a.n > engine.max_ctx() {
+            eprintln!(
+                "[the conversation ({} tokens) no longer fits the context of {}: starting over]",
+                ids.len(),
+                engine.max_ctx()
+            );
+            messages.retain(|m| m.role == "system");
+            messages.push(ChatMessage::new("user", text));
+            let rendered = template.render(&messages, true)?;
+            ids = tk.encode(&rendered, true);
+            engine.reset();
+        }
+        // Reuse the cached prefix; feed only what is new.
+        let common = engine
+            .cached_tokens()
+            .iter()
+            .zip(&ids)
+            .take_while(|(a, b)| a == b)
+            .count()
+            .min(ids.len().saturating_sub(1));
+        engine.truncate(common);
+        let new = &ids[common..];
+        let mut dec = tk.stream_decoder(true);
+        let stdout = std::io::stdout();
+        let max_new = a.n.min(engine.max_ctx().saturating_sub(ids.len()));
+        let (reply, stats) = engine.generate(
+            new,
+            max_new,
+            &mut sampler,
+            |id| tk.is_end_of_generation(id),
+            |id| {
+                if !tk.is_end_of_generation(id)
+                    && let Ok(s) = dec.push(id)
+                {
+                    let mut out = stdout.lock();
+                    let _ = out.write_all(s.as_bytes());
+                    let _ = out.flush();
+                }
+                true
+            },
+        )?;
+        print!("{}", dec.finish());
+        println!();
+        let text_reply = tk.decode(
+            &reply
+                .iter()
+                .copied()
+                .filter(|&id| !tk.is_end_of_generation(id))
+                .collect::<Vec<_>>(),
+            true,
+        )?;
+        messages.push(ChatMessage::new("assistant", &text_reply));
+        if let Some(sp) = &a.session {
+            save_chat(&mut engine, sp, &messages)?;
+        }
+        log::info!(
+            "{} tokens at {:.1} tok/s (TTFT {:.0} ms)",
+            stats.generated_tokens,
+            stats.decode_tok_s,
+            stats.ttft_ms
+        );
+    }
+}

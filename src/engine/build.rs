@@ -1,0 +1,379 @@
+//! Loading: allocate what the execution plan lists, upload the resident weights, build the
+//! dispatch lists.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::layers::{self, Buffers, KvBuffers, Layer, Mats};
+use super::stats::{IoTotals, KvRunStats};
+use super::trace::Tracer;
+use super::upload::Uploader;
+use super::{Engine, EngineError, EngineOptions, Head, SeqState};
+use crate::flash::source::WeightSource;
+use crate::gguf::{GgufFile, quant};
+use crate::gpu::GpuContext;
+use crate::gpu::staging::StagingRing;
+use crate::kernels::{self, KvShape, MatmulIo, WeightPart};
+use crate::kv::pages::PageMap;
+use crate::kv::store::{KvLayout, KvStore};
+use crate::model::config::ModelConfig;
+use crate::plan::ExecPlan;
+
+fn f32_bytes(v: &[f32]) -> &[u8] {
+    bytemuck::cast_slice(v)
+}
+
+impl Engine {
+    /// As [`Engine::new`], reading weights at run time from `source`.
+    pub fn with_source(
+        gguf: Arc<GgufFile>,
+        source: Arc<dyn WeightSource>,
+        opts: &EngineOptions,
+    ) -> Result<Self, EngineError> {
+        let t0 = Instant::now();
+        let cfg = ModelConfig::from_gguf(&gguf)?;
+        let ctx = Arc::new(GpuContext::new(&opts.gpu)?);
+        let plan = ExecPlan::new(&gguf, &cfg, ctx.max_binding(), &opts.plan_options())?;
+        log::info!("{}", plan.placement);
+        let tensor = |name: &str| {
+            gguf.tensor(name)
+                .cloned()
+                .ok_or_else(|| EngineError::MissingTensor(name.to_string()))
+        };
+        let vector = |name: &str| -> Result<crate::gpu::GpuBuffer, EngineError> {
+            let t = tensor(name)?;
+            let mut v = vec![0f32; t.n_elements as usize];
+            quant::dequantize(t.ty, gguf.tensor_data(&t), &mut v);
+            Ok(ctx.storage_with(name, f32_bytes(&v))?)
+        };
+        let kv = &plan.kv;
+        let mut load_bytes = 0u64;
+        let mut layer_objs = Vec::with_capacity(cfg.n_layers);
+        for (l, lw) in plan.layers.iter().enumerate() {
+            let n = |s: &str| format!("blk.{l}.{s}");
+            let bias = if cfg.has_qkv_bias {
+                Some([
+                    vector(&n("attn_q.bias"))?,
+                    vector(&n("attn_k.bias"))?,
+                    vector(&n("attn_v.bias"))?,
+                ])
+            } else {
+                None
+            };
+            let mats = if plan.placement.resident_layers[l] {
+                let mut m = Vec::with_capacity(7);
+                for (t, lay) in lw.files.iter().zip(&lw.layouts) {
+                    load_bytes += t.n_bytes;
+                    m.push(lay.upload(&ctx, &t.name, gguf.tensor_data(t))?);
+                }
+                Some(Mats::from_vec(m)?)
+            } else {
+                None
+            };
+            let meta = if kv.selects_layer(l) {
+                Some(ctx.storage(
+                    &n("kv meta"),
+                    kv.max_pages as u64 * 2 * kv.kv_dim as u64 * 4,
+                )?)
+            } else {
+                None
+            };
+            layer_objs.push(Layer {
+                attn_norm: vector(&n("attn_norm.weight"))?,
+                ffn_norm: vector(&n("ffn_norm.weight"))?,
+                bias,
+                home: ctx.storage(&n("kv home"), kv.home_pages as u64 * kv.page_bytes)?,
+                meta,
+                mats,
+            });
+        }
+        let streamed = plan.streamed_layers();
+        let mut slots = Vec::new();
+        if let Some(&first) = streamed.first() {
+            let lw = &plan.layers[first];
+            for s in 0..plan.placement.slots {
+                let mut m = Vec::with_capacity(7);
+                for (t, lay) in lw.files.iter().zip(&lw.layouts) {
+                    m.push(lay.alloc(&ctx, &format!("slot{s}.{}", t.name))?);
+                }
+                slots.push(Mats::from_vec(m)?);
+            }
+        }
+        let ring = if plan.placement.streaming || kv.streams {
+            Some(StagingRing::new(&ctx, plan.ring_slots, plan.ring_chunk)?)
+        } else {
+            None
+        };
+        let s = &plan.sizes;
+        let st = crate::gpu::BufferUsage::Storage;
+        let bufs = Buffers {
+            step: ctx.uniform("step", s.step)?,
+            rows: ctx.alloc_as("rows", s.rows, st)?,
+            rope_cs: ctx.alloc_as("rope_cs", s.rope_cs, st)?,
+            x: ctx.alloc_as("x", s.x, st)?,
+            xn: ctx.alloc_as("xn", s.x, st)?,
+            q: ctx.alloc_as("q", s.q, st)?,
+            att: ctx.alloc_as("att", s.q, st)?,
+            h: ctx.alloc_as("h", s.h, st)?,
+            k_tmp: ctx.alloc_as("k batch", s.kv_tmp, st)?,
+            v_tmp: ctx.alloc_as("v batch", s.kv_tmp, st)?,
+            last: ctx.alloc_as("last", s.last, st)?,
+            last_n: ctx.alloc_as("last_n", s.last, st)?,
+            logits: ctx.alloc_as("logits", s.logits, st)?,
+            readback: ctx.alloc_as(
+                "logits readback",
+                s.logits,
+                crate::gpu::BufferUsage::Readback,
+            )?,
+            part: ctx.alloc_as("attention partials", s.part, st)?,
+            running: ctx.alloc_as("attention running", s.running, st)?,
+        };
+        let selecting = kv.select.is_some();
+        let kvb = KvBuffers {
+            table: ctx.alloc_as(
+                "page table",
+                cfg.n_layers as u64 * kv.layer_words as u64 * 4,
+                st,
+            )?,
+            stream: ctx.alloc_as("kv stream pool", kv.stream_slots as u64 * kv.page_bytes, st)?,
+            pageout: ctx.alloc_as(
+                "kv page-out",
+                kv.pageout_pages as u64 * kv.page_bytes,
+                crate::gpu::BufferUsage::Readback,
+            )?,
+            jobs: if selecting {
+                Some(ctx.alloc_as("kv meta jobs", (4 + 4 * kv.touched_pages as u64) * 4, st)?)
+            } else {
+                None
+            },
+            scores: if selecting {
+                Some(ctx.alloc_as("kv scores", kv.max_pages as u64 * kv.n_heads as u64 * 4, st)?)
+            } else {
+                None
+            },
+            scores_rb: if selecting {
+                Some(ctx.alloc_as(
+                    "kv scores readback",
+                    kv.max_pages as u64 * kv.n_heads as u64 * 4,
+                    crate::gpu::BufferUsage::Readback,
+                )?)
+            } else {
+                None
+            },
+        };
+        let map = PageMap::new(kv);
+        let shape_of = |l: usize| KvShape {
+            n_heads: cfg.n_heads as u32,
+            n_kv_heads: cfg.n_kv_heads as u32,
+            head_dim: cfg.head_dim as u32,
+            page_tokens: kv.page_tokens,
+            f16: kv.f16,
+            table_base: l as u32 * kv.layer_words,
+            seq_stride: kv.seq_stride,
+            round_splits: kv.round_splits,
+        };
+        let mut decode_lists = Vec::with_capacity(cfg.n_layers);
+        let mut prefill_lists = Vec::with_capacity(cfg.n_layers);
+        for (l, layer) in layer_objs.iter().enumerate() {
+            let mats = match &layer.mats {
+                Some(m) => m,
+                None => {
+                    let si = streamed.iter().position(|&x| x == l).unwrap_or(0);
+                    &slots[si % slots.len().max(1)]
+                }
+            };
+            for (tt, out) in [
+                (1, &mut decode_lists),
+                (kernels::MM_PREFILL_TT, &mut prefill_lists),
+            ] {
+                out.push(layers::build_lists(
+                    &ctx,
+                    &cfg,
+                    layer,
+                    mats,
+                    &bufs,
+                    &kvb,
+                    &shape_of(l),
+                    kv.touched_pages,
+                    kv.max_pages,
+                    tt,
+                )?);
+            }
+        }
+        let output_norm = vector("output_norm.weight")?;
+        let n_embd = cfg.n_embd as u32;
+        let norm = |rows: u32| {
+            kernels::rmsnorm(
+                &ctx,
+                &bufs.step,
+                &bufs.last,
+                &output_norm,
+                &bufs.last_n,
+                n_embd,
+                cfg.rms_eps,
+                0,
+                rows,
+            )
+        };
+        let head_norm = norm(1)?;
+        let lr = plan.logit_rows as u32;
+        let head_norm_rows = if lr > 1 { Some(norm(lr)?) } else { None };
+        let head_io = |rows: u32| MatmulIo {
+            x_stride: n_embd,
+            y_stride: cfg.vocab_size as u32,
+            n_tokens: rows,
+            token_tile: if rows > 1 { kernels::MM_PREFILL_TT } else { 1 },
+            ..Default::default()
+        };
+        let hp = &plan.head;
+        let head = if plan.placement.head_resident {
+            load_bytes += hp.info.n_bytes;
+            let w = hp
+                .layout
+                .upload(&ctx, &hp.info.name, gguf.tensor_data(&hp.info))?;
+            let plan1 =
+                kernels::matmul(&ctx, &bufs.step, &w, &bufs.last_n, &bufs.logits, head_io(1))?;
+            let rows_plan = if lr > 1 {
+                kernels::matmul(
+                    &ctx,
+                    &bufs.step,
+                    &w,
+                    &bufs.last_n,
+                    &bufs.logits,
+                    head_io(lr),
+                )?
+            } else {
+                Vec::new()
+            };
+            Head::Resident {
+                w,
+                plan: plan1,
+                rows_plan,
+            }
+        } else {
+            let slots_h = [
+                ctx.storage("head slot 0", hp.chunk_bytes)?,
+                ctx.storage("head slot 1", hp.chunk_bytes)?,
+            ];
+            let build = |rows: u32| -> Result<Vec<kernels::Dispatch>, EngineError> {
+                let mut out = Vec::new();
+                let mut r0 = 0u32;
+                let mut c = 0usize;
+                while r0 < hp.layout.rows {
+                    let n = hp.chunk_rows.min(hp.layout.rows - r0);
+                    let part = WeightPart {
+                        ty: hp.layout.ty,
+                        cols: hp.layout.cols,
+                        row_bytes: hp.layout.row_bytes,
+                        buffer: &slots_h[c % 2],
+                        first_row: r0,
+                        rows: n,
+                    };
+                    out.push(kernels::matmul_part(
+                        &ctx,
+                        &bufs.step,
+                        &part,
+                        None,
+                        &bufs.last_n,
+                        &bufs.logits,
+                        head_io(rows),
+                    )?);
+                    r0 += n;
+                    c += 1;
+                }
+                Ok(out)
+            };
+            let plan1 = build(1)?;
+            let rows_plan = if lr > 1 { build(lr)? } else { Vec::new() };
+            Head::Streamed {
+                slots: slots_h,
+                plan: plan1,
+                rows_plan,
+            }
+        };
+        ctx.flush()?;
+        log::info!(
+            "planned {} device bytes, {} in use; uploaded {load_bytes} bytes of resident weights in {:.2?}; {} pipelines",
+            plan.total,
+            ctx.budget.in_use(),
+            t0.elapsed(),
+            ctx.pipelines.len()
+        );
+        let tracer = Tracer::new(opts.trace);
+        let mut io_ = Uploader::new(ctx.clone(), ring, source, tracer.origin());
+        if kv.streams {
+            let dir = opts
+                .kv_dir
+                .clone()
+                .unwrap_or_else(|| crate::paths::cache_dir().join("kv"));
+            let layout = KvLayout {
+                n_layers: cfg.n_layers as u32,
+                page_tokens: kv.page_tokens,
+                page_bytes: kv.page_bytes,
+                max_pages: kv.max_pages,
+                max_seqs: kv.max_seqs,
+            };
+            let mode = io_mode_of(io_.source().as_ref());
+            io_.store = Some(Arc::new(KvStore::create(&dir, layout, mode)?));
+        }
+        let embd = tensor("token_embd.weight")?;
+        let n_layers = cfg.n_layers;
+        let mut engine = Self {
+            placement: plan.placement.clone(),
+            max_ctx: plan.max_ctx,
+            ubatch: plan.ubatch,
+            weight_tickets: (0..streamed.len()).map(|_| None).collect(),
+            ctx,
+            cfg,
+            gguf,
+            embd,
+            layers: layer_objs,
+            slots,
+            head,
+            head_norm,
+            head_norm_rows,
+            _output_norm: output_norm,
+            bufs,
+            kvb,
+            map,
+            io_,
+            decode_lists,
+            prefill_lists,
+            streamed,
+            prefetched: 0,
+            pending_prefetch: Vec::new(),
+            seq: SeqState {
+                prev_sel: vec![Vec::new(); n_layers],
+                slot_owner: vec![u32::MAX; plan.kv.home_pages as usize],
+                ..Default::default()
+            },
+            io: IoTotals::default(),
+            kv_stats: KvRunStats::default(),
+            tracer,
+            load_bytes,
+            load_time: std::time::Duration::ZERO,
+            plan,
+        };
+        engine.warm_up()?;
+        engine.load_time = t0.elapsed();
+        Ok(engine)
+    }
+
+    /// Run both dispatch lists once so drivers finish compiling before the first real token.
+    fn warm_up(&mut self) -> Result<(), EngineError> {
+        let n = 2.min(self.max_ctx);
+        self.forward(&vec![0; n])?;
+        self.reset();
+        self.forward(&[0])?;
+        self.reset();
+        self.io = IoTotals::default();
+        self.kv_stats = KvRunStats::default();
+        self.tracer.clear();
+        Ok(())
+    }
+}
+
+/// The I/O mode of the weight source, for the KV page file (direct unless the source maps).
+fn io_mode_of(source: &dyn WeightSource) -> crate::flash::IoMode {
+    source.io_mode().unwrap_or(crate::flash::IoMode::Mmap)
+}

@@ -1,0 +1,203 @@
+//! Moving KV pages by hand: rewinding a sequence (the pages that become the device window again
+//! come back from the page file), and reading or placing whole pages for sessions.
+
+use crate::flash::Admit;
+use crate::flash::queue::Priority;
+
+use super::upload::KV_KEYS;
+use super::{Engine, EngineError};
+
+impl Engine {
+    /// Drop cached positions from `n` on (to rewind a conversation).
+    pub fn truncate(&mut self, n: usize) {
+        if let Err(e) = self.try_truncate(n) {
+            // The pages that should be back at home could not be read: forget everything
+            // rather than attend stale keys.
+            log::warn!("rewinding the KV cache failed ({e}); starting from an empty cache");
+            let _ = self.try_truncate(0);
+        }
+    }
+
+    /// Rewind to `n` tokens, restoring home pages from the page file where needed.
+    pub fn try_truncate(&mut self, n: usize) -> Result<(), EngineError> {
+        let n = n.min(self.n_past());
+        self.seq.tokens.truncate(n);
+        for s in &mut self.seq.prev_sel {
+            s.clear();
+        }
+        if let Ok(mut pf) = self.io_.prefetched.lock() {
+            pf.clear();
+        }
+        let Some(store) = self.io_.store.clone() else {
+            return Ok(());
+        };
+        let p = self.map.page_of(n);
+        // Pages from `p` on change from here: forget their copies.
+        store.drop_pages(0, p);
+        self.io_
+            .cache
+            .remove_where(KV_KEYS, |a, b| (a >> 32) == 0 && b >= p as u64);
+        self.seq.written = self.seq.written.min(p);
+        if n == 0 {
+            return Ok(());
+        }
+        // The pages at home for the next write (top = p) must hold their own data.
+        let top = self.map.page_of(n - 1);
+        let mut restore = Vec::new();
+        for q in 0..=top {
+            if !self.map.is_home(q, top) {
+                continue;
+            }
+            let slot = self.map.home_slot(q);
+            if self.seq.slot_owner.get(slot as usize) == Some(&q) {
+                continue;
+            }
+            // Pages below `written` are in the page file (all full pages are).
+            if q >= self.seq.written {
+                return Err(EngineError::Transfer(format!(
+                    "KV page {q} is neither at home nor in the page file"
+                )));
+            }
+            restore.push((q, slot));
+        }
+        if restore.is_empty() {
+            return Ok(());
+        }
+        for l in 0..self.layers.len() {
+            let tk = self.io_.kv_pages(
+                Priority::HotKv,
+                0,
+                l as u32,
+                restore.clone(),
+                self.plan.kv.page_bytes,
+                self.layers[l].home.buffer.clone(),
+                Admit::Pinned,
+            );
+            tk.wait()
+                .map_err(|e| EngineError::Transfer(e.to_string()))?
+                .map_err(EngineError::Transfer)?;
+        }
+        for &(q, slot) in &restore {
+            if let Some(o) = self.seq.slot_owner.get_mut(slot as usize) {
+                *o = q;
+            }
+        }
+        Ok(())
+    }
+
+    /// Bytes of page `page` of layer `l` (K rows then V rows): from the page file when it is
+    /// there, else read back from its home slot.
+    pub fn read_page(&mut self, l: usize, page: u32) -> Result<Vec<u8>, EngineError> {
+        let pb = self.plan.kv.page_bytes;
+        let mut out = vec![0u8; pb as usize];
+        if let Some(store) = &self.io_.store
+            && page < self.seq.written
+        {
+            store.read_pages(0, l as u32, page, 1, &mut out)?;
+            return Ok(out);
+        }
+        let slot = self.map.home_slot(page) as u64;
+        if self.seq.slot_owner.get(slot as usize) != Some(&page) {
+            return Err(EngineError::Transfer(format!(
+                "KV page {page} of layer {l} is not on the device"
+            )));
+        }
+        let mut enc = self.ctx.device.create_command_encoder(&Default::default());
+        enc.copy_buffer_to_buffer(&self.layers[l].home, slot * pb, &self.kvb.pageout, 0, pb);
+        self.ctx.queue.submit([enc.finish()]);
+        let bytes = self.ctx.read_mapped(&self.kvb.pageout, pb)?;
+        out.copy_from_slice(&bytes[..pb as usize]);
+        Ok(out)
+    }
+
+    /// Place restored pages: `tokens` become the cached sequence and `page(l, p, dst)` fills page
+    /// `p` of layer `l` for every page the tokens touch. Full pages go to the page file (when
+    /// pages leave the device); the pages at home are written into their slots; page summaries
+    /// for page selection are recomputed from the keys.
+    pub fn place_pages(
+        &mut self,
+        tokens: &[u32],
+        page: &mut dyn FnMut(usize, u32, &mut [u8]) -> Result<(), EngineError>,
+    ) -> Result<(), EngineError> {
+        self.try_truncate(0)?;
+        if tokens.is_empty() {
+            return Ok(());
+        }
+        if tokens.len() > self.max_ctx {
+            return Err(EngineError::ContextFull {
+                needed: tokens.len(),
+                max: self.max_ctx,
+                model_max: self.cfg.context_length,
+            });
+        }
+        let n = tokens.len();
+        let pb = self.plan.kv.page_bytes as usize;
+        let p_tok = self.map.page_tokens as usize;
+        let top = self.map.page_of(n - 1);
+        let full = (n / p_tok) as u32;
+        let store = self.io_.store.clone();
+        let mut buf = vec![0u8; pb];
+        for l in 0..self.layers.len() {
+            for q in 0..=top {
+                page(l, q, &mut buf)?;
+                if let Some(s) = &store
+                    && q < full
+                {
+                    s.write_page(0, l as u32, q, &buf)?;
+                }
+                if self.map.is_home(q, top) {
+                    let slot = self.map.home_slot(q) as u64;
+                    self.ctx.write(&self.layers[l].home, slot * pb as u64, &buf);
+                }
+                if let Some(meta) = &self.layers[l].meta
+                    && q < full
+                {
+                    let mm = self.page_summary(&buf);
+                    let off = q as u64 * 2 * self.plan.kv.kv_dim as u64 * 4;
+                    self.ctx.write(meta, off, bytemuck::cast_slice(&mm));
+                }
+            }
+        }
+        self.ctx.flush()?;
+        for q in 0..=top {
+            if self.map.is_home(q, top) {
+                let slot = self.map.home_slot(q) as usize;
+                if let Some(o) = self.seq.slot_owner.get_mut(slot) {
+                    *o = q;
+                }
+            }
+        }
+        if store.is_some() {
+            self.seq.written = full;
+        }
+        self.seq.tokens = tokens.to_vec();
+        Ok(())
+    }
+
+    /// Per-channel minimum then maximum of a full page's keys (page selection's summary).
+    fn page_summary(&self, page: &[u8]) -> Vec<f32> {
+        let kv_dim = self.plan.kv.kv_dim as usize;
+        let rows = self.map.page_tokens as usize;
+        let mut lo = vec![f32::INFINITY; kv_dim];
+        let mut hi = vec![f32::NEG_INFINITY; kv_dim];
+        for r in 0..rows {
+            for c in 0..kv_dim {
+                let i = r * kv_dim + c;
+                let v = if self.plan.kv.f16 {
+                    half::f16::from_le_bytes([page[2 * i], page[2 * i + 1]]).to_f32()
+                } else {
+                    f32::from_le_bytes([
+                        page[4 * i],
+                        page[4 * i + 1],
+                        page[4 * i + 2],
+                        page[4 * i + 3],
+                    ])
+                };
+                lo[c] = lo[c].min(v);
+                hi[c] = hi[c].max(v);
+            }
+        }
+        lo.extend(hi);
+        lo
+    }
+}

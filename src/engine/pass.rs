@@ -1,0 +1,595 @@
+//! One forward pass: the layer loop with its uploads, attention rounds and page selection, then
+//! the output head.
+
+use crate::flash::Admit;
+use crate::flash::queue::{Priority, Ticket};
+use crate::kernels::{self, Step};
+use crate::kv::pages::{PageList, Round, STREAM_BIT};
+
+use super::trace::{TID_HOST, TID_IO};
+use super::upload::{JobResult, OwnedReq};
+use super::{Engine, EngineError, Head};
+use crate::gguf::quant;
+
+fn f32_bytes(v: &[f32]) -> &[u8] {
+    bytemuck::cast_slice(v)
+}
+
+/// A layer's attention work: the list for each round and the pages each round brings in.
+#[derive(Clone)]
+struct RoundWork {
+    list: PageList,
+    loads: Vec<(u32, u32)>,
+    round: Round,
+}
+
+fn plan_rounds(map: &crate::kv::pages::PageMap, mut list: PageList) -> Vec<RoundWork> {
+    let rounds = map.rounds(list.keys);
+    rounds
+        .into_iter()
+        .map(|round| {
+            let loads = list.assign_round(&round);
+            RoundWork {
+                list: list.clone(),
+                loads,
+                round,
+            }
+        })
+        .collect()
+}
+
+impl Engine {
+    /// Queue streamed layer `si` (index into `streamed`) into slot `si % slots`.
+    pub(super) fn queue_weights(&mut self, si: usize) {
+        let l = self.streamed[si];
+        let slot = si % self.slots.len();
+        // Ask for the streamed layer after this one ahead of its read.
+        if let Some(&after) = self.streamed.get((si + 1) % self.streamed.len()) {
+            for t in &self.plan.layers[after].files {
+                self.io_.source().prefetch(t.offset, t.n_bytes);
+            }
+        }
+        let mut reqs = Vec::new();
+        let mut hints = Vec::new();
+        for (t, w) in self.plan.layers[l].files.iter().zip(self.slots[slot].all()) {
+            for (buf, r0, n) in &w.parts {
+                reqs.push(OwnedReq {
+                    src_offset: t.offset + *r0 as u64 * w.row_bytes as u64,
+                    len: *n as u64 * w.row_bytes as u64,
+                    dst: buf.buffer.clone(),
+                    dst_offset: 0,
+                });
+            }
+            hints.push((t.offset, t.n_bytes));
+        }
+        self.weight_tickets[si] = Some(self.io_.weights(reqs, hints));
+    }
+
+    /// Wait for a job and account for it.
+    fn finish_job(
+        &mut self,
+        ticket: Ticket<JobResult>,
+        name: impl Into<String>,
+    ) -> Result<(), EngineError> {
+        let t = self.tracer.now();
+        let r = ticket
+            .wait()
+            .map_err(|e| EngineError::Transfer(e.to_string()))?
+            .map_err(EngineError::Transfer)?;
+        self.io.upload.add(&r.upload);
+        self.io.upload_s += r.end - r.start;
+        self.io.wait_s += self.tracer.now() - t;
+        self.kv_stats.fetch.add(&r.kv);
+        self.tracer.span_at(name, "io", TID_IO, r.start, r.end);
+        Ok(())
+    }
+
+    fn submit(&mut self, enc: wgpu::CommandEncoder, name: String) {
+        self.ctx.queue.submit([enc.finish()]);
+        self.tracer.gpu_submitted(&self.ctx.queue, name);
+    }
+
+    fn write_table(&self, l: usize, w: &RoundWork, last: bool, n_full: u32) {
+        let mut words = vec![
+            w.round.first_split,
+            (w.round.first_split == 0) as u32 | if last { 2 } else { 0 },
+            w.round.splits,
+            n_full,
+        ];
+        w.list.words(&mut words);
+        let base = l as u64 * self.plan.kv.layer_words as u64 * 4;
+        self.ctx
+            .write(&self.kvb.table, base, bytemuck::cast_slice(&words));
+    }
+
+    /// Queue the KV pages of a round of layer `l` into the stream pool.
+    fn queue_kv(&self, prio: Priority, l: usize, loads: &[(u32, u32)]) -> Ticket<JobResult> {
+        let admit = if self.plan.kv.selects_layer(l) {
+            Admit::Lru
+        } else {
+            Admit::Pinned
+        };
+        self.io_.kv_pages(
+            prio,
+            0,
+            l as u32,
+            loads.to_vec(),
+            self.plan.kv.page_bytes,
+            self.kvb.stream.buffer.clone(),
+            admit,
+        )
+    }
+
+    /// Predictive prefetch: the pages layer `l` selected for the previous token, if they are
+    /// still away from the device.
+    fn prefetch_selection(&mut self, l: usize, top: u32) {
+        if self.io_.store.is_none() {
+            return;
+        }
+        let pages: Vec<u32> = self.seq.prev_sel[l]
+            .iter()
+            .copied()
+            .filter(|&p| !self.map.is_home(p, top))
+            .collect();
+        if pages.is_empty() {
+            return;
+        }
+        let t = self
+            .io_
+            .prefetch_pages(0, l as u32, pages, self.plan.kv.page_bytes);
+        self.pending_prefetch.push(t);
+    }
+
+    /// One batch through all layers; logits for the rows in `want` go to `on_logits`.
+    pub(super) fn run_batch(
+        &mut self,
+        tokens: &[u32],
+        want: &[usize],
+        on_logits: &mut dyn FnMut(usize, &[f32]),
+    ) -> Result<(), EngineError> {
+        let t = tokens.len();
+        let a = self.n_past();
+        let b = a + t;
+        let n_embd = self.cfg.n_embd;
+        let th = self.tracer.now();
+        // Embedding rows, gathered from the file.
+        let mut x = vec![0f32; t * n_embd];
+        let row_bytes = self.embd.row_bytes() as usize;
+        let mut row = vec![0u8; row_bytes];
+        for (i, &id) in tokens.iter().enumerate() {
+            let off = self.embd.offset + id as u64 * row_bytes as u64;
+            self.io_
+                .source()
+                .read_into(off, &mut row)
+                .map_err(|e| EngineError::Flash(e.to_string()))?;
+            quant::dequantize(self.embd.ty, &row, &mut x[i * n_embd..(i + 1) * n_embd]);
+            self.io.embd_bytes += row_bytes as u64;
+        }
+        let positions: Vec<u32> = (a..b).map(|p| p as u32).collect();
+        let mut rows = Vec::with_capacity(4 * t);
+        for &p in &positions {
+            rows.extend_from_slice(&[0, p, self.map.row_elem(p as usize), 0]);
+        }
+        let step = Step {
+            n_tokens: t as u32,
+            pos0: a as u32,
+            _pad: [0; 2],
+        };
+        self.ctx
+            .write(&self.bufs.step, 0, bytemuck::bytes_of(&step));
+        self.ctx.write(&self.bufs.x, 0, f32_bytes(&x));
+        self.ctx
+            .write(&self.bufs.rows, 0, bytemuck::cast_slice(&rows));
+        let cs = kernels::rope_table_at(&positions, self.cfg.rope_dim as u32, self.cfg.rope_base);
+        self.ctx.write(&self.bufs.rope_cs, 0, f32_bytes(&cs));
+        let top = self.map.page_of(b - 1);
+        let filled = self.map.filled(a, b);
+        if let Some(jobs) = &self.kvb.jobs {
+            let mut w = vec![filled.len() as u32, 0, 0, 0];
+            for p in filled.clone() {
+                w.extend_from_slice(&[p, self.map.home_slot(p), self.map.page_tokens, 0]);
+            }
+            self.ctx.write(jobs, 0, bytemuck::cast_slice(&w));
+        }
+        for p in self.map.page_of(a)..=top {
+            let s = self.map.home_slot(p) as usize;
+            if let Some(o) = self.seq.slot_owner.get_mut(s) {
+                *o = p;
+            }
+        }
+        self.tracer.span("embed", "host", TID_HOST, th);
+
+        let n_s = self.streamed.len();
+        let window = self.slots.len().min(n_s);
+        while self.prefetched < window {
+            let k = self.prefetched;
+            self.queue_weights(k);
+            self.prefetched += 1;
+        }
+        self.prefetched = 0;
+        let decode = t == 1;
+        let exact = plan_rounds(&self.map, PageList::exact(&self.map, b - 1));
+        let per_layer = self.placement.streaming
+            || self.plan.kv.streams
+            || exact.len() > 1
+            || (decode && self.plan.kv.select.is_some());
+        let mut enc = self.ctx.device.create_command_encoder(&Default::default());
+        // KV pages of the first layer's first round.
+        let mut next_kv: Option<Ticket<JobResult>> = None;
+        if !self.plan.kv.selects_layer(0) || !decode {
+            if !exact[0].loads.is_empty() {
+                next_kv = Some(self.queue_kv(Priority::HotKv, 0, &exact[0].loads));
+            }
+        } else {
+            self.prefetch_selection(0, top);
+        }
+        for l in 0..self.layers.len() {
+            if self.layers[l].mats.is_none() {
+                let si = self.streamed.iter().position(|&x| x == l).unwrap_or(0);
+                if let Some(tk) = self.weight_tickets[si].take() {
+                    self.finish_job(tk, format!("read+upload layer {l}"))?;
+                }
+            }
+            let select = decode && self.plan.kv.selects_layer(l);
+            {
+                let lists = if decode {
+                    &self.decode_lists[l]
+                } else {
+                    &self.prefill_lists[l]
+                };
+                kernels::record_all(&mut enc, &lists.pre, t as u32);
+            }
+            let work = if select {
+                let w = self.select_pages(l, enc, top, b - 1)?;
+                enc = self.ctx.device.create_command_encoder(&Default::default());
+                w
+            } else {
+                exact.clone()
+            };
+            let n_rounds = work.len();
+            for (ri, w) in work.iter().enumerate() {
+                if !w.loads.is_empty() {
+                    let tk = match (ri, next_kv.take()) {
+                        (0, Some(tk)) if !select => tk,
+                        (_, other) => {
+                            if let Some(o) = other {
+                                next_kv = Some(o);
+                            }
+                            self.queue_kv(Priority::HotKv, l, &w.loads)
+                        }
+                    };
+                    // Submit what is recorded before blocking on the pages.
+                    let ready = std::mem::replace(
+                        &mut enc,
+                        self.ctx.device.create_command_encoder(&Default::default()),
+                    );
+                    self.submit(ready, format!("layer {l} (before round {ri})"));
+                    self.finish_job(tk, format!("read+upload KV layer {l} round {ri}"))?;
+                }
+                self.write_table(l, w, ri + 1 == n_rounds, top);
+                let lists = if decode {
+                    &self.decode_lists[l]
+                } else {
+                    &self.prefill_lists[l]
+                };
+                kernels::record_all(&mut enc, &lists.attn, t as u32);
+                if ri + 1 == n_rounds {
+                    kernels::record_all(&mut enc, &lists.post, t as u32);
+                }
+                if ri + 1 < n_rounds || per_layer {
+                    let done = std::mem::replace(
+                        &mut enc,
+                        self.ctx.device.create_command_encoder(&Default::default()),
+                    );
+                    self.submit(done, format!("layer {l}"));
+                }
+            }
+            // Queue what the next layers need behind this layer's compute.
+            if self.layers[l].mats.is_none() {
+                let si = self.streamed.iter().position(|&x| x == l).unwrap_or(0);
+                let next = si + self.slots.len();
+                if next < n_s {
+                    self.queue_weights(next);
+                }
+            }
+            if l + 1 < self.layers.len() && next_kv.is_none() {
+                if decode && self.plan.kv.selects_layer(l + 1) {
+                    self.prefetch_selection(l + 1, top);
+                } else if !exact[0].loads.is_empty() {
+                    next_kv = Some(self.queue_kv(Priority::HotKv, l + 1, &exact[0].loads));
+                }
+            }
+        }
+        if !per_layer {
+            self.submit(enc, "layers".into());
+        } else {
+            drop(enc);
+        }
+        self.head_pass(t, want, on_logits)?;
+        // Queue the next pass's first streamed layers now, behind this pass's compute.
+        while self.prefetched < window {
+            let k = self.prefetched;
+            self.queue_weights(k);
+            self.prefetched += 1;
+        }
+        for tk in std::mem::take(&mut self.pending_prefetch) {
+            self.finish_job(tk, "prefetch KV")?;
+        }
+        self.seq.tokens.extend_from_slice(tokens);
+        self.page_out(a, b)?;
+        Ok(())
+    }
+
+    /// Page selection for layer `l` at decode: score the pages (submitting `enc`, which holds
+    /// the layer's pre-attention work), read the scores back, keep the best pages.
+    fn select_pages(
+        &mut self,
+        l: usize,
+        mut enc: wgpu::CommandEncoder,
+        top: u32,
+        last_pos: usize,
+    ) -> Result<Vec<RoundWork>, EngineError> {
+        let n_full = top;
+        // Page 0 and the recent window are always attended; the rest compete.
+        let win = self.plan.kv.select_window;
+        let always = |p: u32| p == 0 || p + win > top;
+        let candidates: Vec<u32> = (0..n_full).filter(|&p| !always(p)).collect();
+        let sel = self.plan.kv.select.unwrap_or(crate::plan::KvSelect {
+            spec: crate::plan::SelectSpec::Pages(u32::MAX),
+            dense_layers: 0,
+        });
+        let keep = sel.keep(candidates.len() as u32) as usize;
+        let heads = self.cfg.n_heads;
+        let chosen: Vec<u32> = if keep >= candidates.len() {
+            let done = std::mem::replace(
+                &mut enc,
+                self.ctx.device.create_command_encoder(&Default::default()),
+            );
+            self.submit(done, format!("layer {l} (pre-attention)"));
+            candidates.clone()
+        } else {
+            // Header only: the score kernel reads the page count.
+            let base = l as u64 * self.plan.kv.layer_words as u64 * 4;
+            self.ctx.write(
+                &self.kvb.table,
+                base,
+                bytemuck::cast_slice(&[0u32, 0, 0, n_full]),
+            );
+            let (Some(score), Some(scores), Some(rb)) = (
+                self.decode_lists[l].score.as_ref(),
+                self.kvb.scores.as_ref(),
+                self.kvb.scores_rb.as_ref(),
+            ) else {
+                return Err(EngineError::Transfer("page scores are not set up".into()));
+            };
+            kernels::record_all(&mut enc, std::slice::from_ref(score), 1);
+            let bytes = n_full as u64 * heads as u64 * 4;
+            enc.copy_buffer_to_buffer(scores, 0, rb, 0, bytes.max(4));
+            let rb = rb.buffer.clone();
+            self.submit(enc, format!("layer {l} (pre-attention, scores)"));
+            let th = self.tracer.now();
+            let raw = self.ctx.read_mapped(&rb, bytes.max(4))?;
+            self.tracer
+                .span(format!("page scores layer {l}"), "wait", TID_HOST, th);
+            let s: Vec<f32> = bytemuck::pod_collect_to_vec(&raw);
+            let page_score = |p: u32| {
+                (0..heads)
+                    .map(|h| s.get(p as usize * heads + h).copied().unwrap_or(f32::MIN))
+                    .fold(f32::MIN, f32::max)
+            };
+            let mut ranked: Vec<(f32, u32)> =
+                candidates.iter().map(|&p| (page_score(p), p)).collect();
+            ranked.sort_by(|x, y| y.0.total_cmp(&x.0).then(x.1.cmp(&y.1)));
+            let mut c: Vec<u32> = ranked[..keep].iter().map(|r| r.1).collect();
+            c.sort_unstable();
+            c
+        };
+        let prev = &self.seq.prev_sel[l];
+        if !prev.is_empty() && !chosen.is_empty() {
+            let again = chosen
+                .iter()
+                .filter(|p| prev.binary_search(p).is_ok())
+                .count();
+            self.kv_stats.reuse_hits += again as u64;
+            self.kv_stats.reuse_total += chosen.len() as u64;
+        }
+        self.kv_stats.selected_pages += chosen.len() as u64;
+        self.kv_stats.candidate_pages += candidates.len() as u64;
+        self.kv_stats.selections += 1;
+        self.seq.prev_sel[l] = chosen.clone();
+        let mut pages: Vec<u32> = (0..=top)
+            .filter(|&p| always(p) || chosen.binary_search(&p).is_ok())
+            .collect();
+        pages.dedup();
+        let list = PageList::of_pages(&self.map, pages, last_pos);
+        Ok(plan_rounds(&self.map, list))
+    }
+
+    /// The output head over the rows in `want`.
+    fn head_pass(
+        &mut self,
+        t: usize,
+        want: &[usize],
+        on_logits: &mut dyn FnMut(usize, &[f32]),
+    ) -> Result<(), EngineError> {
+        if want.is_empty() {
+            self.ctx.wait()?;
+            return Ok(());
+        }
+        let vocab = self.cfg.vocab_size;
+        let row = (self.cfg.n_embd * 4) as u64;
+        let group = if want.len() == 1 {
+            1
+        } else {
+            self.plan.logit_rows
+        };
+        for rows in want.chunks(group) {
+            let multi = group > 1;
+            let mut enc = self.ctx.device.create_command_encoder(&Default::default());
+            for (j, &r) in rows.iter().enumerate() {
+                debug_assert!(r < t);
+                enc.copy_buffer_to_buffer(
+                    &self.bufs.x,
+                    r as u64 * row,
+                    &self.bufs.last,
+                    j as u64 * row,
+                    row,
+                );
+            }
+            let norm = if multi {
+                self.head_norm_rows.as_ref().unwrap_or(&self.head_norm)
+            } else {
+                &self.head_norm
+            };
+            kernels::record_all(&mut enc, std::slice::from_ref(norm), 1);
+            let streamed = matches!(self.head, Head::Streamed { .. });
+            if let Head::Resident {
+                plan, rows_plan, ..
+            } = &self.head
+            {
+                let p = if multi { rows_plan } else { plan };
+                kernels::record_all(&mut enc, p, 1);
+            }
+            self.submit(enc, "output norm".into());
+            if streamed {
+                self.stream_head(multi)?;
+            }
+            let n = if multi { group } else { 1 };
+            let mut enc = self.ctx.device.create_command_encoder(&Default::default());
+            enc.copy_buffer_to_buffer(
+                &self.bufs.logits,
+                0,
+                &self.bufs.readback,
+                0,
+                (n * vocab * 4) as u64,
+            );
+            self.ctx.queue.submit([enc.finish()]);
+            let th = self.tracer.now();
+            let bytes = self
+                .ctx
+                .read_mapped(&self.bufs.readback, (n * vocab * 4) as u64)?;
+            self.tracer.span("wait for logits", "wait", TID_HOST, th);
+            let logits: Vec<f32> = bytemuck::pod_collect_to_vec(&bytes);
+            for (j, &r) in rows.iter().enumerate() {
+                on_logits(r, &logits[j * vocab..(j + 1) * vocab]);
+            }
+        }
+        self.tracer.collect_gpu();
+        Ok(())
+    }
+
+    /// Output head in row chunks through two slots: chunk c + 2 is read while c computes.
+    fn stream_head(&mut self, multi: bool) -> Result<(), EngineError> {
+        let Head::Streamed {
+            slots,
+            plan,
+            rows_plan,
+        } = &self.head
+        else {
+            return Ok(());
+        };
+        let hp = &self.plan.head;
+        let rb = hp.layout.row_bytes as u64;
+        let rows = hp.layout.rows as u64;
+        let n_chunks = hp.n_chunks as usize;
+        let chunk_rows = hp.chunk_rows as u64;
+        let info_off = hp.info.offset;
+        let job = |c: usize| {
+            let r0 = c as u64 * chunk_rows;
+            let n = chunk_rows.min(rows - r0);
+            vec![OwnedReq {
+                src_offset: info_off + r0 * rb,
+                len: n * rb,
+                dst: slots[c % 2].buffer.clone(),
+                dst_offset: 0,
+            }]
+        };
+        let dispatches: Vec<&kernels::Dispatch> = if multi {
+            rows_plan.iter().collect()
+        } else {
+            plan.iter().collect()
+        };
+        let mut tickets: std::collections::VecDeque<Ticket<JobResult>> = Default::default();
+        for c in 0..n_chunks.min(2) {
+            tickets.push_back(self.io_.weights(job(c), Vec::new()));
+        }
+        let mut encs = Vec::with_capacity(n_chunks);
+        for d in &dispatches {
+            let mut enc = self.ctx.device.create_command_encoder(&Default::default());
+            kernels::record_all(&mut enc, std::slice::from_ref(*d), 1);
+            encs.push(enc);
+        }
+        for (c, enc) in encs.into_iter().enumerate() {
+            if let Some(tk) = tickets.pop_front() {
+                self.finish_job(tk, format!("read+upload output head chunk {c}"))?;
+            }
+            self.submit(enc, format!("output head chunk {c}"));
+            if c + 2 < n_chunks {
+                let Head::Streamed { slots, .. } = &self.head else {
+                    break;
+                };
+                let r0 = (c + 2) as u64 * chunk_rows;
+                let n = chunk_rows.min(rows - r0);
+                let req = vec![OwnedReq {
+                    src_offset: info_off + r0 * rb,
+                    len: n * rb,
+                    dst: slots[c % 2].buffer.clone(),
+                    dst_offset: 0,
+                }];
+                tickets.push_back(self.io_.weights(req, Vec::new()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Write the pages that filled up during positions `[a, b)` to the page file, every layer.
+    fn page_out(&mut self, a: usize, b: usize) -> Result<(), EngineError> {
+        let Some(store) = self.io_.store.clone() else {
+            return Ok(());
+        };
+        let pages: Vec<u32> = self
+            .map
+            .filled(a, b)
+            .filter(|&p| p >= self.seq.written)
+            .collect();
+        if pages.is_empty() {
+            return Ok(());
+        }
+        let th = self.tracer.now();
+        let pb = self.plan.kv.page_bytes;
+        let per = self.plan.kv.pageout_pages.max(1) as usize;
+        let jobs: Vec<(usize, u32)> = pages
+            .iter()
+            .flat_map(|&p| (0..self.layers.len()).map(move |l| (l, p)))
+            .collect();
+        for group in jobs.chunks(per) {
+            let mut enc = self.ctx.device.create_command_encoder(&Default::default());
+            for (j, &(l, p)) in group.iter().enumerate() {
+                let slot = self.map.home_slot(p) as u64;
+                enc.copy_buffer_to_buffer(
+                    &self.layers[l].home,
+                    slot * pb,
+                    &self.kvb.pageout,
+                    j as u64 * pb,
+                    pb,
+                );
+            }
+            self.ctx.queue.submit([enc.finish()]);
+            let bytes = self
+                .ctx
+                .read_mapped(&self.kvb.pageout, group.len() as u64 * pb)?;
+            for (j, &(l, p)) in group.iter().enumerate() {
+                let page = &bytes[j * pb as usize..(j + 1) * pb as usize];
+                store.write_page(0, l as u32, p, page)?;
+            }
+        }
+        self.seq.written = pages
+            .iter()
+            .max()
+            .map(|&p| p + 1)
+            .unwrap_or(self.seq.written);
+        self.tracer.span("write KV pages", "io", TID_IO, th);
+        let _ = STREAM_BIT;
+        Ok(())
+    }
+}

@@ -1,0 +1,279 @@
+//! The paged KV cache's kernels (`shaders/attention.wgsl`, `shaders/kv.wgsl`): the split-K
+//! attention over page lists and its merge, the store of a batch's keys and values into home
+//! pages, and the page summaries and scores of page selection.
+
+use bytemuck::{Pod, Zeroable};
+
+use super::{Dispatch, KernelError, TokenAxis, make_dispatch, params_buffer};
+use crate::gpu::{Defines, GpuContext};
+
+/// Keys per attention split (`SPLIT` in attention.wgsl).
+pub const ATTN_SPLIT_KEYS: u32 = 512;
+
+/// Device bytes of one attention or merge dispatch's parameters.
+pub const ATTN_PARAMS_BYTES: u64 = std::mem::size_of::<AttnParams>() as u64;
+/// Device bytes of one KV store, page-summary or score dispatch's parameters.
+pub const KV_PARAMS_BYTES: u64 = std::mem::size_of::<KvParams>() as u64;
+
+/// Shapes shared by the paged-KV kernels of one layer.
+#[derive(Debug, Clone, Copy)]
+pub struct KvShape {
+    pub n_heads: u32,
+    pub n_kv_heads: u32,
+    pub head_dim: u32,
+    pub page_tokens: u32,
+    /// KV values are packed f16 pairs (else f32).
+    pub f16: bool,
+    /// Word offset of this layer's region in the page table, and words per sequence there.
+    pub table_base: u32,
+    pub seq_stride: u32,
+    /// Partial results per (row, head) the attention writes in one round.
+    pub round_splits: u32,
+}
+
+impl KvShape {
+    pub fn kv_dim(&self) -> u32 {
+        self.n_kv_heads * self.head_dim
+    }
+    /// Elements (K and V) of one page.
+    pub fn page_elems(&self) -> u32 {
+        2 * self.page_tokens * self.kv_dim()
+    }
+    fn check(&self, kernel: &'static str) -> Result<(), KernelError> {
+        let bad = |problem: String| Err(KernelError::Shape { kernel, problem });
+        if self.n_kv_heads == 0 || !self.n_heads.is_multiple_of(self.n_kv_heads) {
+            return bad(format!(
+                "{} heads are not a multiple of {} KV heads",
+                self.n_heads, self.n_kv_heads
+            ));
+        }
+        if self.page_tokens == 0 || self.head_dim == 0 {
+            return bad("empty pages or heads".into());
+        }
+        if self.f16 && !self.head_dim.is_multiple_of(2) {
+            return bad(format!(
+                "an f16 KV cache needs an even head dim, not {}",
+                self.head_dim
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+struct AttnParams {
+    n_heads: u32,
+    n_kv_heads: u32,
+    head_dim: u32,
+    q_stride: u32,
+    kv_dim: u32,
+    page_tokens: u32,
+    page_elems: u32,
+    table_base: u32,
+    seq_stride: u32,
+    round_splits: u32,
+    o_stride: u32,
+    scale: f32,
+}
+
+fn attn_params(s: &KvShape) -> AttnParams {
+    AttnParams {
+        n_heads: s.n_heads,
+        n_kv_heads: s.n_kv_heads,
+        head_dim: s.head_dim,
+        q_stride: s.n_heads * s.head_dim,
+        kv_dim: s.kv_dim(),
+        page_tokens: s.page_tokens,
+        page_elems: s.page_elems(),
+        table_base: s.table_base,
+        seq_stride: s.seq_stride,
+        round_splits: s.round_splits.max(1),
+        o_stride: s.n_heads * s.head_dim,
+        scale: 1.0 / (s.head_dim as f32).sqrt(),
+    }
+}
+
+fn attn_defines(s: &KvShape) -> Defines {
+    let dpt = s.head_dim.div_ceil(64).max(1);
+    let mut d = Defines::new().val("DPT", format!("{dpt}u"));
+    if s.f16 {
+        d = d.flag("KV_F16");
+    }
+    if s.head_dim.is_multiple_of(4) {
+        d = d.flag("VEC4");
+    }
+    d
+}
+
+/// Partial attention of the batch's rows over this round's splits of their page lists: grid
+/// (heads, rows, round splits); results go to `part`.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_partial(
+    ctx: &GpuContext,
+    step: &wgpu::Buffer,
+    rows: &wgpu::Buffer,
+    table: &wgpu::Buffer,
+    q: &wgpu::Buffer,
+    home: &wgpu::Buffer,
+    stream: &wgpu::Buffer,
+    part: &wgpu::Buffer,
+    s: &KvShape,
+) -> Result<Dispatch, KernelError> {
+    s.check("attention")?;
+    let pipeline = ctx
+        .pipelines
+        .get(&ctx.device, "attention", "main", &attn_defines(s))?;
+    let params = params_buffer(ctx, "attention params", &attn_params(s))?;
+    Ok(make_dispatch(
+        ctx,
+        "attention",
+        pipeline,
+        params,
+        &[step, rows, table, q, home, stream, part],
+        [s.n_heads, 1, s.round_splits.max(1)],
+        TokenAxis::Y(1),
+    ))
+}
+
+/// Fold a round's partials into the running state; after the last round write the output.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_merge(
+    ctx: &GpuContext,
+    step: &wgpu::Buffer,
+    table: &wgpu::Buffer,
+    part: &wgpu::Buffer,
+    running: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+    s: &KvShape,
+) -> Result<Dispatch, KernelError> {
+    s.check("attention merge")?;
+    let defines = attn_defines(s).flag("MERGE");
+    let pipeline = ctx
+        .pipelines
+        .get(&ctx.device, "attention", "merge", &defines)?;
+    let params = params_buffer(ctx, "merge params", &attn_params(s))?;
+    Ok(make_dispatch(
+        ctx,
+        "attention merge",
+        pipeline,
+        params,
+        &[step, table, part, running, out],
+        [s.n_heads, 1, 1],
+        TokenAxis::Y(1),
+    ))
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+struct KvParams {
+    kv_dim: u32,
+    page_tokens: u32,
+    page_elems: u32,
+    n_heads: u32,
+    head_dim: u32,
+    n_kv_heads: u32,
+    table_base: u32,
+    max_jobs: u32,
+}
+
+fn kv_params(s: &KvShape, max_jobs: u32) -> KvParams {
+    KvParams {
+        kv_dim: s.kv_dim(),
+        page_tokens: s.page_tokens,
+        page_elems: s.page_elems(),
+        n_heads: s.n_heads,
+        head_dim: s.head_dim,
+        n_kv_heads: s.n_kv_heads,
+        table_base: s.table_base,
+        max_jobs,
+    }
+}
+
+/// Store the batch's keys and values (T x kv_dim f32 each) into the layer's home pool at the
+/// elements the row table gives.
+pub fn kv_store(
+    ctx: &GpuContext,
+    step: &wgpu::Buffer,
+    rows: &wgpu::Buffer,
+    k: &wgpu::Buffer,
+    v: &wgpu::Buffer,
+    pool: &wgpu::Buffer,
+    s: &KvShape,
+) -> Result<Dispatch, KernelError> {
+    s.check("kv_store")?;
+    let mut defines = Defines::new().flag("STORE");
+    let width = if s.f16 {
+        defines = defines.flag("KV_F16");
+        s.kv_dim() / 2
+    } else {
+        s.kv_dim()
+    };
+    let pipeline = ctx.pipelines.get(&ctx.device, "kv", "store", &defines)?;
+    let params = params_buffer(ctx, "kv store params", &kv_params(s, 0))?;
+    Ok(make_dispatch(
+        ctx,
+        "kv_store",
+        pipeline,
+        params,
+        &[step, rows, k, v, pool],
+        [width.div_ceil(64), 1, 1],
+        TokenAxis::Y(1),
+    ))
+}
+
+/// Per-channel key minimum and maximum of the pages listed in `jobs` (up to `max_jobs`).
+pub fn page_meta(
+    ctx: &GpuContext,
+    step: &wgpu::Buffer,
+    jobs: &wgpu::Buffer,
+    pool: &wgpu::Buffer,
+    meta: &wgpu::Buffer,
+    s: &KvShape,
+    max_jobs: u32,
+) -> Result<Dispatch, KernelError> {
+    s.check("page_meta")?;
+    let mut defines = Defines::new().flag("META");
+    if s.f16 {
+        defines = defines.flag("KV_F16");
+    }
+    let pipeline = ctx
+        .pipelines
+        .get(&ctx.device, "kv", "page_meta", &defines)?;
+    let params = params_buffer(ctx, "page meta params", &kv_params(s, max_jobs))?;
+    Ok(make_dispatch(
+        ctx,
+        "page_meta",
+        pipeline,
+        params,
+        &[step, jobs, pool, meta],
+        [max_jobs.max(1), 1, 1],
+        TokenAxis::Fixed,
+    ))
+}
+
+/// Upper bounds of q . k per (page, head) for the pages counted in the table header.
+pub fn page_score(
+    ctx: &GpuContext,
+    step: &wgpu::Buffer,
+    table: &wgpu::Buffer,
+    q: &wgpu::Buffer,
+    meta: &wgpu::Buffer,
+    scores: &wgpu::Buffer,
+    s: &KvShape,
+    max_pages: u32,
+) -> Result<Dispatch, KernelError> {
+    s.check("page_score")?;
+    let defines = Defines::new().flag("SCORE");
+    let pipeline = ctx.pipelines.get(&ctx.device, "kv", "score", &defines)?;
+    let params = params_buffer(ctx, "page score params", &kv_params(s, 0))?;
+    Ok(make_dispatch(
+        ctx,
+        "page_score",
+        pipeline,
+        params,
+        &[step, table, q, meta, scores],
+        [(max_pages * s.n_heads).div_ceil(64).max(1), 1, 1],
+        TokenAxis::Fixed,
+    ))
+}

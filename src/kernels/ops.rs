@@ -1,0 +1,192 @@
+//! Row-wise kernels: RMSNorm, rotary embedding, bias add, and the host-side RoPE table.
+
+use bytemuck::{Pod, Zeroable};
+
+use super::{Dispatch, KernelError, TokenAxis, make_dispatch, params_buffer};
+use crate::gpu::{Defines, GpuContext};
+
+/// Device bytes of one RMSNorm, RoPE or bias dispatch's parameters.
+pub const ROW_PARAMS_BYTES: u64 = 32;
+const _: () = assert!(std::mem::size_of::<NormParams>() == 32);
+const _: () = assert!(std::mem::size_of::<RopeParams>() == 32);
+const _: () = assert!(std::mem::size_of::<EltParams>() == 32);
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+struct NormParams {
+    n: u32,
+    x_stride: u32,
+    y_stride: u32,
+    eps: f32,
+    x_offset: u32,
+    n_tokens: u32,
+    _pad: [u32; 2],
+}
+
+/// Y[t] = rmsnorm(X[t]) * w for each token.
+#[allow(clippy::too_many_arguments)]
+pub fn rmsnorm(
+    ctx: &GpuContext,
+    step: &wgpu::Buffer,
+    x: &wgpu::Buffer,
+    w: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+    n: u32,
+    eps: f32,
+    x_offset: u32,
+    n_tokens: u32,
+) -> Result<Dispatch, KernelError> {
+    let pipeline = ctx
+        .pipelines
+        .get(&ctx.device, "rmsnorm", "main", &Defines::new())?;
+    let p = NormParams {
+        n,
+        x_stride: n,
+        y_stride: n,
+        eps,
+        x_offset,
+        n_tokens,
+        _pad: [0; 2],
+    };
+    let params = params_buffer(ctx, "rmsnorm params", &p)?;
+    let (grid, axis) = if n_tokens != 0 {
+        ([n_tokens, 1, 1], TokenAxis::Fixed)
+    } else {
+        ([1, 1, 1], TokenAxis::X(1))
+    };
+    Ok(make_dispatch(
+        ctx,
+        "rmsnorm",
+        pipeline,
+        params,
+        &[step, x, w, y],
+        grid,
+        axis,
+    ))
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+struct RopeParams {
+    n_heads: u32,
+    head_dim: u32,
+    rope_dim: u32,
+    stride: u32,
+    offset: u32,
+    at_pos: u32,
+    neox: u32,
+    n_tokens: u32,
+}
+
+/// Rotary embedding of `n_heads` heads of X in place; `cs` holds (cos, sin) per token and pair.
+#[allow(clippy::too_many_arguments)]
+pub fn rope(
+    ctx: &GpuContext,
+    step: &wgpu::Buffer,
+    cs: &wgpu::Buffer,
+    x: &wgpu::Buffer,
+    n_heads: u32,
+    head_dim: u32,
+    rope_dim: u32,
+    stride: u32,
+    at_pos: bool,
+    neox: bool,
+) -> Result<Dispatch, KernelError> {
+    if !rope_dim.is_multiple_of(2) || rope_dim > head_dim {
+        return Err(KernelError::Shape {
+            kernel: "rope",
+            problem: format!("rope dim {rope_dim} must be even and at most head dim {head_dim}"),
+        });
+    }
+    let pipeline = ctx
+        .pipelines
+        .get(&ctx.device, "rope", "main", &Defines::new())?;
+    let p = RopeParams {
+        n_heads,
+        head_dim,
+        rope_dim,
+        stride,
+        offset: 0,
+        at_pos: at_pos as u32,
+        neox: neox as u32,
+        n_tokens: 0,
+    };
+    let params = params_buffer(ctx, "rope params", &p)?;
+    let grid = [(n_heads * rope_dim / 2).div_ceil(64), 1, 1];
+    Ok(make_dispatch(
+        ctx,
+        "rope",
+        pipeline,
+        params,
+        &[step, cs, x],
+        grid,
+        TokenAxis::Y(1),
+    ))
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+struct EltParams {
+    n: u32,
+    stride: u32,
+    offset: u32,
+    at_pos: u32,
+    n_tokens: u32,
+    _pad: [u32; 3],
+}
+
+/// Y[t, i] += B[i] for each token row (rows at the cache position when `at_pos`).
+pub fn add_bias(
+    ctx: &GpuContext,
+    step: &wgpu::Buffer,
+    b: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+    n: u32,
+    stride: u32,
+    at_pos: bool,
+) -> Result<Dispatch, KernelError> {
+    let pipeline = ctx
+        .pipelines
+        .get(&ctx.device, "elementwise", "add_bias", &Defines::new())?;
+    let p = EltParams {
+        n,
+        stride,
+        offset: 0,
+        at_pos: at_pos as u32,
+        n_tokens: 0,
+        _pad: [0; 3],
+    };
+    let params = params_buffer(ctx, "bias params", &p)?;
+    Ok(make_dispatch(
+        ctx,
+        "add_bias",
+        pipeline,
+        params,
+        &[step, b, y],
+        [n.div_ceil(64), 1, 1],
+        TokenAxis::Y(1),
+    ))
+}
+
+/// (cos, sin) of (pos0 + t) * base^(-2i / rope_dim) for t in [0, n_tokens), i in [0, rope_dim/2).
+pub fn rope_table(pos0: u32, n_tokens: u32, rope_dim: u32, base: f32) -> Vec<f32> {
+    let positions: Vec<u32> = (0..n_tokens).map(|t| pos0 + t).collect();
+    rope_table_at(&positions, rope_dim, base)
+}
+
+/// (cos, sin) of pos * base^(-2i / rope_dim) for each position, i in [0, rope_dim/2).
+pub fn rope_table_at(positions: &[u32], rope_dim: u32, base: f32) -> Vec<f32> {
+    let half = (rope_dim / 2) as usize;
+    let freqs: Vec<f64> = (0..half)
+        .map(|i| (base as f64).powf(-((2 * i) as f64) / rope_dim as f64))
+        .collect();
+    let mut out = Vec::with_capacity(positions.len() * half * 2);
+    for &p in positions {
+        for f in &freqs {
+            let theta = p as f64 * f;
+            out.push(theta.cos() as f32);
+            out.push(theta.sin() as f32);
+        }
+    }
+    out
+}

@@ -1,0 +1,258 @@
+//! The paged KV cache's share of the plan.
+//!
+//! K and V live in pages of P tokens per layer (`page_bytes` = P rows of K then P rows of V).
+//! Each layer keeps `home_pages` pages on the device: page 0 (the attention sink) and a ring of
+//! the most recent pages, at least the pages one batch writes. When the home pages cannot hold
+//! the whole context, full pages are written to a file on flash once and the pages a layer
+//! attends are read back into a shared stream pool. Attention runs in splits of
+//! [`ATTN_SPLIT_KEYS`] keys, `round_splits` at a time; a round's streamed pages must fit the
+//! stream pool.
+
+use crate::kernels::ATTN_SPLIT_KEYS;
+use crate::model::config::ModelConfig;
+
+use super::{PlanError, PlanOptions, round16};
+
+/// Tokens per page when `--kv-page` is not given.
+pub const DEFAULT_PAGE_TOKENS: u32 = 64;
+/// Largest page size accepted.
+pub const MAX_PAGE_TOKENS: u32 = 1024;
+
+/// How many pages page selection keeps.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum SelectSpec {
+    /// At most this many pages.
+    Pages(u32),
+    /// This share (0-100) of the candidate pages, rounded up.
+    Percent(f64),
+}
+
+/// Page selection (Quest): per layer and token, the top pages by an upper bound of their
+/// attention scores, besides the home pages; the first `dense_layers` layers stay exact.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KvSelect {
+    pub spec: SelectSpec,
+    pub dense_layers: u32,
+}
+
+impl KvSelect {
+    /// `quest:N` (pages) or `quest:P%` (share of the pages).
+    pub fn parse(s: &str, dense_layers: u32) -> Result<Self, String> {
+        let err = || {
+            format!(
+                "--kv-select {s:?}: expected quest:N (pages, N >= 1) or quest:P% (0 < P <= 100)"
+            )
+        };
+        let rest = s.trim().strip_prefix("quest:").ok_or_else(err)?;
+        let spec = if let Some(p) = rest.strip_suffix('%') {
+            let v: f64 = p.trim().parse().map_err(|_| err())?;
+            if !(v > 0.0 && v <= 100.0) {
+                return Err(err());
+            }
+            SelectSpec::Percent(v)
+        } else {
+            let v: u32 = rest.trim().parse().map_err(|_| err())?;
+            if v == 0 {
+                return Err(err());
+            }
+            SelectSpec::Pages(v)
+        };
+        Ok(Self { spec, dense_layers })
+    }
+
+    /// Pages to keep out of `candidates`.
+    pub fn keep(&self, candidates: u32) -> u32 {
+        match self.spec {
+            SelectSpec::Pages(n) => n.min(candidates),
+            SelectSpec::Percent(p) => {
+                ((candidates as f64 * p / 100.0).ceil() as u32).min(candidates)
+            }
+        }
+    }
+}
+
+/// The KV cache's shape and device sizes.
+#[derive(Debug, Clone)]
+pub struct KvPlan {
+    pub f16: bool,
+    pub n_heads: u32,
+    pub head_dim: u32,
+    pub kv_dim: u32,
+    pub page_tokens: u32,
+    /// Device (and file payload) bytes of one page: K rows then V rows.
+    pub page_bytes: u64,
+    /// Pages per layer for the whole context.
+    pub max_pages: u32,
+    /// Pages one batch can write into.
+    pub touched_pages: u32,
+    /// Pages per layer kept on the device.
+    pub home_pages: u32,
+    /// Recent pages page selection always attends besides page 0 (those a batch writes and the
+    /// asked-for window), whatever else the device holds.
+    pub select_window: u32,
+    /// Pages leave the device for flash (home pages cannot hold the context).
+    pub streams: bool,
+    /// Attention splits per round, and the splits and pages of one round unit.
+    pub round_splits: u32,
+    pub unit_splits: u32,
+    pub unit_pages: u32,
+    /// Page slots of the stream pool.
+    pub stream_slots: u32,
+    /// Pages the read-back buffer holds.
+    pub pageout_pages: u32,
+    pub max_seqs: u32,
+    /// Page-table words per sequence and per layer.
+    pub seq_stride: u32,
+    pub layer_words: u32,
+    pub select: Option<KvSelect>,
+    pub max_binding: u64,
+}
+
+impl KvPlan {
+    /// The smallest KV cache that runs: the sink, the pages one batch writes plus the asked-for
+    /// window, a stream pool for one round unit.
+    pub fn minimal(
+        cfg: &ModelConfig,
+        o: &PlanOptions,
+        max_ctx: usize,
+        ubatch: usize,
+    ) -> Result<Self, PlanError> {
+        let p = o.kv_page.unwrap_or(DEFAULT_PAGE_TOKENS);
+        if !p.is_power_of_two() || p > MAX_PAGE_TOKENS {
+            return Err(PlanError::Kv(format!(
+                "--kv-page {p}: the page size must be a power of two from 1 to {MAX_PAGE_TOKENS} tokens"
+            )));
+        }
+        let kv_dim = (cfg.n_kv_heads * cfg.head_dim) as u32;
+        let f16 = o.kv_f16 && kv_dim.is_multiple_of(2) && cfg.head_dim.is_multiple_of(2);
+        let elt: u64 = if f16 { 2 } else { 4 };
+        let page_bytes = 2 * p as u64 * kv_dim as u64 * elt;
+        let max_pages = (max_ctx as u32).div_ceil(p);
+        let touched = ((ubatch as u32 + p - 2) / p + 1).min(max_pages);
+        let home = (1 + touched + o.kv_window).min(max_pages);
+        let (unit_splits, unit_pages) = if p <= ATTN_SPLIT_KEYS {
+            (1, ATTN_SPLIT_KEYS / p)
+        } else {
+            (p / ATTN_SPLIT_KEYS, 1)
+        };
+        let max_seqs = 1u32;
+        let seq_stride = 4 + 2 * max_pages;
+        let kv = Self {
+            f16,
+            n_heads: cfg.n_heads as u32,
+            head_dim: cfg.head_dim as u32,
+            kv_dim,
+            page_tokens: p,
+            page_bytes,
+            max_pages,
+            touched_pages: touched,
+            home_pages: home,
+            select_window: home.saturating_sub(1).max(1),
+            streams: home < max_pages,
+            round_splits: unit_splits,
+            unit_splits,
+            unit_pages,
+            stream_slots: if home < max_pages {
+                unit_pages.min(max_pages)
+            } else {
+                0
+            },
+            pageout_pages: 1,
+            max_seqs,
+            seq_stride,
+            layer_words: 4 + max_seqs * seq_stride,
+            select: o.kv_select,
+            max_binding: u64::MAX,
+        };
+        Ok(kv)
+    }
+
+    /// Whether layer `l` selects pages (else it attends every page).
+    pub fn selects_layer(&self, l: usize) -> bool {
+        self.select.is_some_and(|s| l as u32 >= s.dense_layers)
+    }
+
+    /// Splits covering the whole context, rounded up to whole units.
+    pub fn all_splits(&self) -> u32 {
+        let keys = self.max_pages as u64 * self.page_tokens as u64;
+        let splits = keys.div_ceil(ATTN_SPLIT_KEYS as u64) as u32;
+        splits.div_ceil(self.unit_splits).max(1) * self.unit_splits
+    }
+
+    /// Device bytes the KV cache allocates for `n_layers` layers.
+    pub fn device_bytes(&self, n_layers: usize) -> u64 {
+        let n = n_layers as u64;
+        let mut b = n * round16(self.home_pages as u64 * self.page_bytes)
+            + round16(self.stream_slots as u64 * self.page_bytes)
+            + round16(n * self.layer_words as u64 * 4)
+            + round16(self.pageout_pages as u64 * self.page_bytes);
+        if let Some(sel) = self.select {
+            let selecting = n.saturating_sub(sel.dense_layers as u64);
+            b += selecting * round16(self.max_pages as u64 * 2 * self.kv_dim as u64 * 4)
+                + round16((4 + 4 * self.touched_pages as u64) * 4)
+                + 2 * round16(self.max_pages as u64 * self.n_heads as u64 * 4);
+        }
+        b
+    }
+
+    /// Spend up to `spare` more device bytes: all pages home when that fits, else more home
+    /// pages; then more splits per round (each costing `part_per_split` bytes of partial
+    /// results and, when streaming, a unit of stream slots).
+    pub fn grow(&self, cfg: &ModelConfig, spare: u64, part_per_split: u64) -> Self {
+        let n = cfg.n_layers;
+        let base = self.device_bytes(n) + round16(part_per_split * self.round_splits as u64);
+        let cost = |k: &KvPlan| {
+            (k.device_bytes(n) + round16(part_per_split * k.round_splits as u64))
+                .saturating_sub(base)
+        };
+        let fits_binding = |k: &KvPlan| {
+            k.home_pages as u64 * k.page_bytes <= k.max_binding
+                && k.stream_slots as u64 * k.page_bytes <= k.max_binding
+        };
+        let mut kv = self.clone();
+        let mut full = self.clone();
+        full.home_pages = self.max_pages;
+        full.streams = false;
+        full.stream_slots = 0;
+        if cost(&full) <= spare && fits_binding(&full) {
+            kv = full;
+        } else if self.streams {
+            // More recent pages at home, keeping at least one page streamed.
+            let mut lo = self.home_pages;
+            let mut hi = self.max_pages - 1;
+            while lo < hi {
+                let mid = lo + (hi - lo).div_ceil(2);
+                let mut t = self.clone();
+                t.home_pages = mid;
+                if cost(&t) <= spare && fits_binding(&t) {
+                    lo = mid;
+                } else {
+                    hi = mid - 1;
+                }
+            }
+            kv.home_pages = lo;
+        }
+        // More splits per round, up to the whole context in one round.
+        let max_units = kv.all_splits() / kv.unit_splits;
+        let with_units = |units: u32| {
+            let mut t = kv.clone();
+            t.round_splits = units * kv.unit_splits;
+            if t.streams {
+                let streamed = t.max_pages - t.home_pages.min(t.max_pages);
+                t.stream_slots = (units * kv.unit_pages).min(streamed.max(1));
+            }
+            t
+        };
+        let (mut lo, mut hi) = (1u32, max_units.max(1));
+        while lo < hi {
+            let mid = lo + (hi - lo).div_ceil(2);
+            let t = with_units(mid);
+            if cost(&t) <= spare && fits_binding(&t) {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        with_units(lo)
+    }
+}

@@ -1,0 +1,373 @@
+//! The execution plan: the single source of every device size and of what streams.
+//!
+//! [`ExecPlan::new`] reads the model's tensor table and the options and decides, under the
+//! device-memory budget: the context length and batch sizes, how each weight matrix is split
+//! into parts, which layers (and whether the output head) stay resident, the staging ring and
+//! layer slots, and the paged KV cache's shape — page size, pages kept on the device per layer
+//! ("home": the attention sink and a window of recent pages), the stream pool for pages read
+//! back from flash, and how many attention splits run per round. The engine allocates exactly
+//! what the plan lists (a test checks the device bytes in use against [`ExecPlan::total`]).
+//!
+//! Order of the budget: fixed costs (activations, norms, kernel parameters, the page tables and
+//! the smallest KV that runs) first; then weights ([`placement`]); then what is left grows the
+//! KV cache's home pages (all of them: the KV cache never touches flash), then the splits per
+//! attention round.
+
+pub mod hitrate;
+pub mod hitrate_sim;
+pub mod kvplan;
+pub mod placement;
+
+use thiserror::Error;
+
+use crate::gguf::{GgufFile, TensorInfo};
+use crate::kernels::{self, ATTN_PARAMS_BYTES, KV_PARAMS_BYTES, KernelError, WeightLayout};
+use crate::model::config::{ModelConfig, OUTPUT, TOKEN_EMBD};
+pub use kvplan::{KvPlan, KvSelect, SelectSpec};
+pub use placement::{Costs, Placement, PlacementError, ResidentSpec};
+
+/// Names of a layer's seven matrices, in the order the plan and the engine keep them.
+pub const MATRIX_NAMES: [&str; 7] = [
+    "attn_q",
+    "attn_k",
+    "attn_v",
+    "attn_output",
+    "ffn_gate",
+    "ffn_up",
+    "ffn_down",
+];
+
+#[derive(Debug, Error)]
+pub enum PlanError {
+    #[error(transparent)]
+    Placement(#[from] PlacementError),
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
+    #[error("tensor {0} is missing from the model file")]
+    MissingTensor(String),
+    #[error("streaming needs every layer to have the same shapes: {0}")]
+    UnevenLayers(String),
+    #[error("{0}")]
+    Kv(String),
+}
+
+/// What the caller asks of the plan.
+#[derive(Debug, Clone)]
+pub struct PlanOptions {
+    /// Device-memory budget (None: what the adapter allows).
+    pub budget: Option<u64>,
+    /// Context length in tokens (default: the model's, at most 2048).
+    pub ctx: Option<usize>,
+    /// Tokens per forward batch.
+    pub ubatch: usize,
+    /// Streamed layers read ahead of the one computing.
+    pub prefetch: usize,
+    /// Staging ring slots (0: enough for one streamed layer) and bytes per slot.
+    pub ring_slots: usize,
+    pub ring_chunk: u64,
+    /// Bytes per output-head chunk when the head streams.
+    pub head_chunk: u64,
+    pub resident: ResidentSpec,
+    pub kv_f16: bool,
+    /// Tokens per KV page (default [`kvplan::DEFAULT_PAGE_TOKENS`]).
+    pub kv_page: Option<u32>,
+    /// Recent pages kept on the device beyond those one batch writes.
+    pub kv_window: u32,
+    /// Page selection (None: exact attention over every page).
+    pub kv_select: Option<KvSelect>,
+    /// Rows of logits one head pass computes (1, or more for scoring whole batches).
+    pub logit_rows: usize,
+}
+
+impl Default for PlanOptions {
+    fn default() -> Self {
+        Self {
+            budget: None,
+            ctx: None,
+            ubatch: 64,
+            prefetch: 1,
+            ring_slots: 0,
+            ring_chunk: 512 * 1024,
+            head_chunk: 512 * 1024,
+            resident: ResidentSpec::Auto,
+            kv_f16: true,
+            kv_page: None,
+            kv_window: 0,
+            kv_select: None,
+            logit_rows: 1,
+        }
+    }
+}
+
+/// A layer's seven matrices in the file and their device layout.
+#[derive(Debug, Clone)]
+pub struct LayerWeights {
+    pub files: Vec<TensorInfo>,
+    pub layouts: Vec<WeightLayout>,
+}
+
+impl LayerWeights {
+    pub fn device_bytes(&self) -> u64 {
+        self.layouts.iter().map(|l| l.device_bytes()).sum()
+    }
+    /// Matrix dispatches of one forward list (gate and up share theirs).
+    fn dispatches(&self) -> u64 {
+        let p = |i: usize| self.layouts[i].parts.len() as u64;
+        p(0) + p(1) + p(2) + p(3) + p(4) + p(6)
+    }
+}
+
+/// Bytes of each activation buffer (16-byte rounded, as allocated).
+#[derive(Debug, Clone, Default)]
+pub struct Sizes {
+    pub step: u64,
+    pub rows: u64,
+    pub rope_cs: u64,
+    pub x: u64,
+    pub q: u64,
+    pub h: u64,
+    pub kv_tmp: u64,
+    pub last: u64,
+    pub logits: u64,
+    pub part: u64,
+    pub running: u64,
+}
+
+impl Sizes {
+    fn total(&self) -> u64 {
+        self.step
+            + self.rows
+            + self.rope_cs
+            + 2 * self.x
+            + 2 * self.q
+            + self.h
+            + 2 * self.kv_tmp
+            + 2 * self.last
+            + 2 * self.logits
+            + self.part
+            + self.running
+    }
+}
+
+/// The output head in the file, its layout, and its chunks when it streams.
+#[derive(Debug, Clone)]
+pub struct HeadPlan {
+    pub info: TensorInfo,
+    pub layout: WeightLayout,
+    pub chunk_rows: u32,
+    pub n_chunks: u32,
+    pub chunk_bytes: u64,
+}
+
+/// Everything the engine allocates and how it runs.
+#[derive(Debug, Clone)]
+pub struct ExecPlan {
+    pub max_ctx: usize,
+    pub ubatch: usize,
+    pub logit_rows: usize,
+    pub layers: Vec<LayerWeights>,
+    pub head: HeadPlan,
+    pub ring_slots: usize,
+    pub ring_chunk: u64,
+    pub placement: Placement,
+    pub kv: KvPlan,
+    pub sizes: Sizes,
+    pub norms: u64,
+    pub params: u64,
+    /// Device bytes the plan allocates in all.
+    pub total: u64,
+}
+
+pub(crate) fn round16(n: u64) -> u64 {
+    n.max(16).div_ceil(16) * 16
+}
+
+impl ExecPlan {
+    /// Plan `gguf` (whose config is `cfg`) on a device with `max_binding` bytes per binding.
+    pub fn new(
+        gguf: &GgufFile,
+        cfg: &ModelConfig,
+        max_binding: u64,
+        o: &PlanOptions,
+    ) -> Result<Self, PlanError> {
+        let tensor = |name: &str| -> Result<TensorInfo, PlanError> {
+            gguf.tensor(name)
+                .cloned()
+                .ok_or_else(|| PlanError::MissingTensor(name.to_string()))
+        };
+        let layout = |t: &TensorInfo| -> Result<WeightLayout, PlanError> {
+            let bad = || KernelError::Shape {
+                kernel: "weights",
+                problem: format!("{}: dimensions do not fit 32 bits", t.name),
+            };
+            let rows = u32::try_from(t.n_rows()).map_err(|_| bad())?;
+            let cols = u32::try_from(t.row_len()).map_err(|_| bad())?;
+            Ok(WeightLayout::new(&t.name, t.ty, rows, cols, max_binding)?)
+        };
+        let mut layers = Vec::with_capacity(cfg.n_layers);
+        for l in 0..cfg.n_layers {
+            let files = MATRIX_NAMES
+                .iter()
+                .map(|m| tensor(&format!("blk.{l}.{m}.weight")))
+                .collect::<Result<Vec<_>, _>>()?;
+            let layouts = files.iter().map(layout).collect::<Result<Vec<_>, _>>()?;
+            layers.push(LayerWeights { files, layouts });
+        }
+        let head_info = tensor(if cfg.tied_output { TOKEN_EMBD } else { OUTPUT })?;
+        let head_layout = layout(&head_info)?;
+        let head_row = head_info.row_bytes().max(1);
+        let chunk_rows = (o.head_chunk / head_row).clamp(1, head_info.n_rows().max(1)) as u32;
+        let head = HeadPlan {
+            n_chunks: head_layout.rows.div_ceil(chunk_rows),
+            chunk_bytes: round16(chunk_rows as u64 * head_row),
+            chunk_rows,
+            layout: head_layout,
+            info: head_info,
+        };
+
+        let ubatch = o.ubatch.clamp(1, 512);
+        let logit_rows = o.logit_rows.clamp(1, ubatch);
+        let max_ctx = o.ctx.unwrap_or(2048).clamp(1, cfg.context_length.max(1));
+        let budget = o.budget.unwrap_or(u64::MAX);
+        let mut kv_min = KvPlan::minimal(cfg, o, max_ctx, ubatch)?;
+        kv_min.max_binding = max_binding;
+        if kv_min.home_pages as u64 * kv_min.page_bytes > max_binding {
+            return Err(PlanError::Kv(format!(
+                "{} KV pages of {} bytes exceed the device's binding limit of {max_binding} bytes (use a smaller --kv-page or --ubatch)",
+                kv_min.home_pages, kv_min.page_bytes
+            )));
+        }
+
+        let f = |n: usize| round16((n * 4) as u64);
+        let q_dim = cfg.n_heads * cfg.head_dim;
+        let kv_dim = cfg.n_kv_heads * cfg.head_dim;
+        let part_row = (cfg.n_heads * (cfg.head_dim + 2) * 4) as u64;
+        let mut sizes = Sizes {
+            step: 16,
+            rows: round16(ubatch as u64 * 16),
+            rope_cs: f(ubatch * cfg.rope_dim.max(2)),
+            x: f(ubatch * cfg.n_embd),
+            q: f(ubatch * q_dim),
+            h: f(ubatch * cfg.n_ff),
+            kv_tmp: f(ubatch * kv_dim),
+            last: f(logit_rows * cfg.n_embd),
+            logits: f(logit_rows * cfg.vocab_size),
+            part: round16(ubatch as u64 * part_row * kv_min.round_splits as u64),
+            running: round16(ubatch as u64 * part_row),
+        };
+        let norms = cfg.n_layers as u64 * 2 * f(cfg.n_embd)
+            + f(cfg.n_embd)
+            + if cfg.has_qkv_bias {
+                cfg.n_layers as u64 * (f(q_dim) + 2 * f(kv_dim))
+            } else {
+                0
+            };
+        // Kernel parameters: every dispatch of the decode and prefill lists of every layer,
+        // and the head's.
+        let row = kernels::ROW_PARAMS_BYTES;
+        let mm = kernels::MATMUL_PARAMS_BYTES;
+        let mut params = 0u64;
+        for (l, lw) in layers.iter().enumerate() {
+            let select = kv_min.selects_layer(l);
+            let per_list = 4 * row
+                + if cfg.has_qkv_bias { 3 * row } else { 0 }
+                + lw.dispatches() * mm
+                + KV_PARAMS_BYTES
+                + 2 * ATTN_PARAMS_BYTES
+                + if select { KV_PARAMS_BYTES } else { 0 };
+            params += 2 * per_list + if select { KV_PARAMS_BYTES } else { 0 };
+        }
+        let head_resident_params = row + head.layout.parts.len() as u64 * mm;
+        let head_stream_params = row + head.n_chunks as u64 * mm;
+        let head_lists = if logit_rows > 1 { 2 } else { 1 };
+
+        let ring_chunk = o.ring_chunk.max(4096).div_ceil(4096) * 4096;
+        let largest_layer: u64 = layers
+            .iter()
+            .map(|w| w.files.iter().map(|t| t.n_bytes).sum::<u64>())
+            .max()
+            .unwrap_or(0);
+        let pieces = layers
+            .first()
+            .map(|w| w.layouts.iter().map(|l| l.parts.len() as u64).sum())
+            .unwrap_or(1);
+        // Uploads queue behind the compute already submitted, so a staging slot comes back
+        // only when the GPU has passed that point: hold a whole layer to never stall on it.
+        let ring_slots = if o.ring_slots == 0 {
+            (crate::gpu::staging::slots_for(largest_layer, pieces, ring_chunk) + 1).clamp(3, 64)
+        } else {
+            o.ring_slots
+        };
+        let ring = crate::gpu::staging::ring_bytes(ring_slots, ring_chunk);
+        let max_layer = layers.iter().map(|w| w.device_bytes()).max().unwrap_or(0);
+        let slots_wanted = (o.prefetch + 1).min(cfg.n_layers.max(1));
+        let head_params_max = head_lists * head_resident_params.max(head_stream_params);
+        let costs = Costs {
+            kv: kv_min.device_bytes(cfg.n_layers),
+            activations: sizes.total(),
+            norms,
+            params: params + head_params_max,
+            ring,
+            layer: max_layer,
+            head: head.layout.device_bytes(),
+            head_chunk: head.chunk_bytes,
+        };
+        let placement = placement::plan(costs, cfg.n_layers, budget, slots_wanted, &o.resident)?;
+        // Streamed layers share slots: they must all have the first streamed layer's shapes.
+        let mut streamed = (0..cfg.n_layers).filter(|&l| !placement.resident_layers[l]);
+        if let Some(first) = streamed.next() {
+            for l in streamed {
+                for (a, b) in layers[l].files.iter().zip(&layers[first].files) {
+                    if a.ty != b.ty || a.dims != b.dims {
+                        return Err(PlanError::UnevenLayers(format!(
+                            "{} differs from {}",
+                            a.name, b.name
+                        )));
+                    }
+                }
+            }
+        }
+        let head_params = head_lists
+            * if placement.head_resident {
+                head_resident_params
+            } else {
+                head_stream_params
+            };
+        params += head_params;
+        // The KV cache takes what the weights left.
+        let spare = placement
+            .budget
+            .saturating_sub(placement.total - head_params_max + head_params);
+        let kv = kv_min.grow(cfg, spare, ubatch as u64 * part_row);
+        sizes.part = round16(ubatch as u64 * part_row * kv.round_splits as u64);
+        let total = placement.total - placement.costs.kv - placement.costs.activations
+            + kv.device_bytes(cfg.n_layers)
+            + sizes.total()
+            - head_params_max
+            + head_params;
+        let mut placement = placement;
+        placement.total = total;
+        Ok(Self {
+            max_ctx,
+            ubatch,
+            logit_rows,
+            layers,
+            head,
+            ring_slots,
+            ring_chunk,
+            placement,
+            kv,
+            sizes,
+            norms,
+            params,
+            total,
+        })
+    }
+
+    /// Streamed layer indices, in order.
+    pub fn streamed_layers(&self) -> Vec<usize> {
+        (0..self.layers.len())
+            .filter(|&l| !self.placement.resident_layers[l])
+            .collect()
+    }
+}

@@ -1,0 +1,346 @@
+//! The paged KV kernels against the CPU reference: split attention over page lists whose pages
+//! sit in random slots of two pools, folded over rounds; the store of a batch into home pages;
+//! the page summaries and scores of page selection.
+//!
+//! Tolerance: attention 1e-4 relative to max(1, |reference|) (f32 accumulation in another order);
+//! results must be bit-identical whatever the rounds and the pools, since the split boundaries
+//! depend only on the keys.
+mod common;
+
+use common::Rng;
+use flashlm::gpu::{GpuBuffer, GpuContext};
+use flashlm::kernels::{self, ATTN_SPLIT_KEYS, KvShape, Step};
+use flashlm::kv::pages::{PageList, PageMap, STREAM_BIT};
+use flashlm::model::reference::ops;
+
+fn f32s(v: &[f32]) -> &[u8] {
+    bytemuck::cast_slice(v)
+}
+
+fn step_buffer(ctx: &GpuContext, n_tokens: u32) -> GpuBuffer {
+    let buf = ctx.uniform("step", 16).unwrap();
+    let s = Step {
+        n_tokens,
+        pos0: 0,
+        _pad: [0; 2],
+    };
+    ctx.write(&buf, 0, bytemuck::bytes_of(&s));
+    buf
+}
+
+fn halves(v: &[f32]) -> Vec<u8> {
+    v.iter()
+        .flat_map(|x| half::f16::from_f32(*x).to_le_bytes())
+        .collect()
+}
+
+struct Case {
+    nh: usize,
+    nkv: usize,
+    hd: usize,
+    page: u32,
+    /// Positions cached before the batch, and rows in the batch.
+    past: usize,
+    rows: usize,
+    f16: bool,
+}
+
+/// Run paged attention for `c` with pages placed by `seed` and `round_splits` splits per round;
+/// returns the output and the reference.
+fn attend(ctx: &GpuContext, c: &Case, seed: u64, round_splits: u32) -> (Vec<f32>, Vec<f32>) {
+    let mut rng = Rng(1000 + c.hd as u64 + c.page as u64);
+    let n_keys = c.past + c.rows;
+    let kv_dim = c.nkv * c.hd;
+    let p = c.page as usize;
+    let n_pages = n_keys.div_ceil(p);
+    let mut k = rng.vec(n_pages * p * kv_dim, 1.0);
+    let mut v = rng.vec(n_pages * p * kv_dim, 1.0);
+    if c.f16 {
+        for x in k.iter_mut().chain(v.iter_mut()) {
+            *x = half::f16::from_f32(*x).to_f32();
+        }
+    }
+    let q = rng.vec(c.rows * c.nh * c.hd, 1.0);
+    // Pages to pools: a random half to each, in shuffled slots.
+    let mut place = Rng(seed);
+    let mut home_n = 0u32;
+    let mut stream_n = 0u32;
+    let mut slots = Vec::new();
+    for _ in 0..n_pages {
+        if place.next_u64() % 2 == 0 {
+            slots.push(home_n);
+            home_n += 1;
+        } else {
+            slots.push(STREAM_BIT | stream_n);
+            stream_n += 1;
+        }
+    }
+    let page_elems = 2 * p * kv_dim;
+    let mut home = vec![0f32; home_n.max(1) as usize * page_elems];
+    let mut strm = vec![0f32; stream_n.max(1) as usize * page_elems];
+    for (pg, &s) in slots.iter().enumerate() {
+        let pool = if s & STREAM_BIT != 0 {
+            &mut strm
+        } else {
+            &mut home
+        };
+        let base = (s & !STREAM_BIT) as usize * page_elems;
+        let kp = &k[pg * p * kv_dim..(pg + 1) * p * kv_dim];
+        let vp = &v[pg * p * kv_dim..(pg + 1) * p * kv_dim];
+        pool[base..base + p * kv_dim].copy_from_slice(kp);
+        pool[base + p * kv_dim..base + 2 * p * kv_dim].copy_from_slice(vp);
+    }
+    let bytes = |x: &[f32]| if c.f16 { halves(x) } else { f32s(x).to_vec() };
+    let max_pages = n_pages as u32;
+    let seq_stride = 4 + 2 * max_pages;
+    let shape = KvShape {
+        n_heads: c.nh as u32,
+        n_kv_heads: c.nkv as u32,
+        head_dim: c.hd as u32,
+        page_tokens: c.page,
+        f16: c.f16,
+        table_base: 0,
+        seq_stride,
+        round_splits,
+    };
+    let map = PageMap {
+        page_tokens: c.page,
+        max_pages,
+        home_pages: max_pages,
+        round_splits,
+        stream_slots: stream_n,
+        kv_dim: kv_dim as u32,
+    };
+    let mut list = PageList::exact(&map, n_keys - 1);
+    for (e, &s) in list.entries.iter_mut().zip(&slots) {
+        e.1 = s;
+    }
+    let rows: Vec<u32> = (0..c.rows)
+        .flat_map(|t| [0, (c.past + t) as u32, 0, 0])
+        .collect();
+    let hb = ctx.storage_with("home", &bytes(&home)).unwrap();
+    let sb = ctx.storage_with("stream", &bytes(&strm)).unwrap();
+    let qb = ctx.storage_with("q", f32s(&q)).unwrap();
+    let rb = ctx
+        .storage_with("rows", bytemuck::cast_slice(&rows))
+        .unwrap();
+    let tb = ctx.storage("table", (4 + seq_stride as u64) * 4).unwrap();
+    let part_n = c.rows * c.nh * round_splits as usize * (c.hd + 2);
+    let part = ctx.storage("part", (part_n * 4) as u64).unwrap();
+    let run = ctx
+        .storage("run", (c.rows * c.nh * (c.hd + 2) * 4) as u64)
+        .unwrap();
+    let ob = ctx.storage("o", (c.rows * c.nh * c.hd * 4) as u64).unwrap();
+    let step = step_buffer(ctx, c.rows as u32);
+    let d = [
+        kernels::attention_partial(ctx, &step, &rb, &tb, &qb, &hb, &sb, &part, &shape).unwrap(),
+        kernels::attention_merge(ctx, &step, &tb, &part, &run, &ob, &shape).unwrap(),
+    ];
+    let total = (list.keys).div_ceil(ATTN_SPLIT_KEYS);
+    let rounds = map.rounds(list.keys);
+    assert_eq!(rounds.iter().map(|r| r.splits).sum::<u32>(), total);
+    for (i, r) in rounds.iter().enumerate() {
+        let last = i + 1 == rounds.len();
+        let mut words = vec![
+            r.first_split,
+            (i == 0) as u32 | if last { 2 } else { 0 },
+            r.splits,
+            0,
+        ];
+        list.words(&mut words);
+        ctx.write(&tb, 0, bytemuck::cast_slice(&words));
+        let mut enc = ctx.device.create_command_encoder(&Default::default());
+        kernels::record_all(&mut enc, &d, c.rows as u32);
+        ctx.queue.submit([enc.finish()]);
+    }
+    ctx.wait().unwrap();
+    let out = ctx.read_f32(&ob, c.rows * c.nh * c.hd).unwrap();
+    let mut want = Vec::new();
+    for t in 0..c.rows {
+        let seen = c.past + t + 1;
+        want.extend(ops::attention(
+            &q[t * c.nh * c.hd..(t + 1) * c.nh * c.hd],
+            &k[..seen * kv_dim],
+            &v[..seen * kv_dim],
+            c.nh,
+            c.nkv,
+            c.hd,
+            seen,
+        ));
+    }
+    (out, want)
+}
+
+#[test]
+fn paged_attention_matches_reference_over_pages_pools_and_rounds() {
+    let Some(ctx) = common::gpu() else { return };
+    let cases = [
+        // Many splits: 1-token pages, two rounds of splits.
+        (9, 3, 64, 1, 1100, 1, true),
+        (9, 3, 64, 16, 1300, 3, true),
+        (4, 4, 32, 64, 70, 5, false),
+        (6, 2, 80, 16, 1030, 2, false),
+        (2, 1, 128, 1024, 1600, 1, true),
+        (3, 1, 17, 4, 9, 3, false),
+        (3, 1, 18, 8, 600, 2, true),
+    ];
+    for (nh, nkv, hd, page, past, rows, f16) in cases {
+        let c = Case {
+            nh,
+            nkv,
+            hd,
+            page,
+            past,
+            rows,
+            f16,
+        };
+        let splits_per_page = (page / ATTN_SPLIT_KEYS).max(1);
+        let all = ((past + rows) as u32).div_ceil(ATTN_SPLIT_KEYS).max(1);
+        let (one, want) = attend(&ctx, &c, 1, all.div_ceil(splits_per_page) * splits_per_page);
+        for (i, (&g, &w)) in one.iter().zip(&want).enumerate() {
+            assert!(
+                (g - w).abs() <= 1e-4 * w.abs().max(1.0),
+                "nh={nh} hd={hd} page={page} past={past} i={i}: {g} vs {w}"
+            );
+        }
+        // Other pools, one split per round: the same bits.
+        let (many, _) = attend(&ctx, &c, 2, splits_per_page);
+        let (same_pools, _) = attend(&ctx, &c, 1, splits_per_page);
+        let (other_pools, _) = attend(&ctx, &c, 2, all.div_ceil(splits_per_page) * splits_per_page);
+        assert!(
+            one == same_pools,
+            "nh={nh} hd={hd} page={page}: rounds changed the result"
+        );
+        assert!(
+            one == other_pools,
+            "nh={nh} hd={hd} page={page}: pools changed the result"
+        );
+        assert!(
+            one == many,
+            "nh={nh} hd={hd} page={page}: rounds and pools changed the result"
+        );
+    }
+}
+
+#[test]
+fn store_meta_and_score_kernels() {
+    let Some(ctx) = common::gpu() else { return };
+    let mut rng = Rng(77);
+    let (nh, nkv, hd, page) = (6usize, 2usize, 16usize, 8u32);
+    let kv_dim = nkv * hd;
+    let p = page as usize;
+    for f16 in [false, true] {
+        let shape = KvShape {
+            n_heads: nh as u32,
+            n_kv_heads: nkv as u32,
+            head_dim: hd as u32,
+            page_tokens: page,
+            f16,
+            table_base: 0,
+            seq_stride: 0,
+            round_splits: 1,
+        };
+        let elt = if f16 { 2 } else { 4 };
+        let page_bytes = 2 * p * kv_dim * elt;
+        let slots = 4;
+        // Store 5 rows at positions 6..11 of pages 0 and 1 placed in slots 3 and 1.
+        let rows_n = 5;
+        let ks = rng.vec(rows_n * kv_dim, 1.0);
+        let vs = rng.vec(rows_n * kv_dim, 1.0);
+        let slot_of = |pg: usize| if pg == 0 { 3 } else { 1 };
+        let pos: Vec<usize> = (6..6 + rows_n).collect();
+        let rows: Vec<u32> = pos
+            .iter()
+            .flat_map(|&ps| {
+                let elem = slot_of(ps / p) * 2 * p * kv_dim + (ps % p) * kv_dim;
+                [0, ps as u32, elem as u32, 0]
+            })
+            .collect();
+        let pool = ctx.storage("pool", (slots * page_bytes) as u64).unwrap();
+        let kb = ctx.storage_with("k", f32s(&ks)).unwrap();
+        let vb = ctx.storage_with("v", f32s(&vs)).unwrap();
+        let rb = ctx
+            .storage_with("rows", bytemuck::cast_slice(&rows))
+            .unwrap();
+        let step = step_buffer(&ctx, rows_n as u32);
+        let d = [kernels::kv_store(&ctx, &step, &rb, &kb, &vb, &pool, &shape).unwrap()];
+        let mut enc = ctx.device.create_command_encoder(&Default::default());
+        kernels::record_all(&mut enc, &d, rows_n as u32);
+        ctx.queue.submit([enc.finish()]);
+        let raw = ctx.read_buffer(&pool, (slots * page_bytes) as u64).unwrap();
+        let at = |e: usize| -> f32 {
+            if f16 {
+                half::f16::from_le_bytes([raw[2 * e], raw[2 * e + 1]]).to_f32()
+            } else {
+                f32::from_le_bytes([raw[4 * e], raw[4 * e + 1], raw[4 * e + 2], raw[4 * e + 3]])
+            }
+        };
+        let round = |x: f32| {
+            if f16 {
+                half::f16::from_f32(x).to_f32()
+            } else {
+                x
+            }
+        };
+        for (t, &ps) in pos.iter().enumerate() {
+            let base = slot_of(ps / p) * 2 * p * kv_dim + (ps % p) * kv_dim;
+            for j in 0..kv_dim {
+                assert_eq!(
+                    at(base + j),
+                    round(ks[t * kv_dim + j]),
+                    "f16={f16} K row {t}"
+                );
+                assert_eq!(at(base + p * kv_dim + j), round(vs[t * kv_dim + j]));
+            }
+        }
+        // Page summary of page 0 (slot 3, rows 6 and 7 written) and the score bound.
+        let jobs = [1u32, 0, 0, 0, 0, 3, page, 0];
+        let jb = ctx
+            .storage_with("jobs", bytemuck::cast_slice(&jobs))
+            .unwrap();
+        let meta = ctx.storage("meta", (2 * 2 * kv_dim * 4) as u64).unwrap();
+        let dm = kernels::page_meta(&ctx, &step, &jb, &pool, &meta, &shape, 1).unwrap();
+        let table = [0u32, 0, 0, 1];
+        let tb = ctx
+            .storage_with("table", bytemuck::cast_slice(&table))
+            .unwrap();
+        let q = rng.vec(nh * hd, 1.0);
+        let qb = ctx.storage_with("q", f32s(&q)).unwrap();
+        let sc = ctx.storage("scores", (2 * nh * 4) as u64).unwrap();
+        let ds = kernels::page_score(&ctx, &step, &tb, &qb, &meta, &sc, &shape, 2).unwrap();
+        let d2 = [dm, ds];
+        let mut enc = ctx.device.create_command_encoder(&Default::default());
+        kernels::record_all(&mut enc, &d2, 1);
+        ctx.queue.submit([enc.finish()]);
+        let mm = ctx.read_f32(&meta, 2 * kv_dim).unwrap();
+        let scores = ctx.read_f32(&sc, nh).unwrap();
+        let mut keys = Vec::new();
+        for r in 0..p {
+            keys.push(
+                (0..kv_dim)
+                    .map(|j| at(3 * 2 * p * kv_dim + r * kv_dim + j))
+                    .collect::<Vec<_>>(),
+            );
+        }
+        for j in 0..kv_dim {
+            let lo = keys.iter().map(|k| k[j]).fold(f32::INFINITY, f32::min);
+            let hi = keys.iter().map(|k| k[j]).fold(f32::NEG_INFINITY, f32::max);
+            assert_eq!((mm[j], mm[kv_dim + j]), (lo, hi), "f16={f16} channel {j}");
+        }
+        for h in 0..nh {
+            let kvh = h / (nh / nkv);
+            let bound: f32 = (0..hd)
+                .map(|d| {
+                    let qd = q[h * hd + d];
+                    (qd * mm[kvh * hd + d]).max(qd * mm[kv_dim + kvh * hd + d])
+                })
+                .sum();
+            assert!((scores[h] - bound).abs() <= 1e-5 * bound.abs().max(1.0));
+            // An upper bound of every key's score.
+            for k in &keys {
+                let s: f32 = (0..hd).map(|d| q[h * hd + d] * k[kvh * hd + d]).sum();
+                assert!(s <= scores[h] + 1e-4, "head {h}: {s} > bound {}", scores[h]);
+            }
+        }
+    }
+}
