@@ -14,4 +14,5 @@ pub mod gpu;
 pub mod kernels;
 pub mod model;
 pub mod paths;
+pub mod plan;
 pub mod sampling;

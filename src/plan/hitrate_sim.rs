@@ -1,0 +1,461 @@
+//! KV page-cache simulator, the check on [`super::hitrate`]'s model: [`CacheSim`] runs a
+//! [`Policy`] over a request trace (per token, the `(layer, page)` requests in order) and counts
+//! hits; [`exact_trace`] and [`quest_trace`] generate synthetic traces with the layout the model
+//! assumes (candidates requested layer after layer, in ascending page order).
+
+use super::hitrate::Policy;
+use serde::Serialize;
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+/// A host page cache that counts its hits and misses.
+#[derive(Clone, Debug)]
+pub struct CacheSim {
+    policy: Policy,
+    capacity: u64,
+    /// Cached page -> stamp of its last use.
+    stamp: HashMap<(u32, u32), u64>,
+    /// Stamp -> page, oldest first (Lru only).
+    by_age: BTreeMap<u64, (u32, u32)>,
+    clock: u64,
+    hits: u64,
+    misses: u64,
+}
+
+impl CacheSim {
+    pub fn new(policy: Policy, capacity: u64) -> Self {
+        CacheSim {
+            policy,
+            capacity,
+            stamp: HashMap::new(),
+            by_age: BTreeMap::new(),
+            clock: 0,
+            hits: 0,
+            misses: 0,
+        }
+    }
+
+    /// Requests a page; returns whether the cache held it. A miss admits the page (Pinned: if
+    /// there is room; Lru: evicting the least recently used page when full).
+    pub fn access(&mut self, layer: u32, page: u32) -> bool {
+        let key = (layer, page);
+        self.clock += 1;
+        if let Some(old) = self.stamp.get_mut(&key) {
+            self.hits += 1;
+            if self.policy == Policy::Lru {
+                self.by_age.remove(old);
+                *old = self.clock;
+                self.by_age.insert(self.clock, key);
+            }
+            return true;
+        }
+        self.misses += 1;
+        if self.capacity == 0 {
+            return false;
+        }
+        if self.stamp.len() as u64 >= self.capacity {
+            if self.policy == Policy::Pinned {
+                return false;
+            }
+            if let Some((_, oldest)) = self.by_age.pop_first() {
+                self.stamp.remove(&oldest);
+            }
+        }
+        self.stamp.insert(key, self.clock);
+        if self.policy == Policy::Lru {
+            self.by_age.insert(self.clock, key);
+        }
+        false
+    }
+
+    pub fn hits(&self) -> u64 {
+        self.hits
+    }
+
+    pub fn misses(&self) -> u64 {
+        self.misses
+    }
+
+    /// Pages held now.
+    pub fn len(&self) -> usize {
+        self.stamp.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.stamp.is_empty()
+    }
+}
+
+/// Counts of one token of a simulated trace.
+#[derive(Clone, Copy, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct TokenCounts {
+    pub requests: u64,
+    /// Served by the host cache.
+    pub hits: u64,
+    /// Also requested (same layer and page) by the previous token, i.e. prefetched.
+    pub prefetch_hits: u64,
+}
+
+/// The outcome of [`simulate`]: counts per token.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct SimResult {
+    pub per_token: Vec<TokenCounts>,
+}
+
+impl SimResult {
+    /// Counts summed over the tokens from `warmup` on.
+    pub fn totals(&self, warmup: usize) -> TokenCounts {
+        let mut t = TokenCounts::default();
+        for c in self.per_token.iter().skip(warmup) {
+            t.requests += c.requests;
+            t.hits += c.hits;
+            t.prefetch_hits += c.prefetch_hits;
+        }
+        t
+    }
+
+    /// Host-cache hit rate over the tokens from `warmup` on (0 without requests).
+    pub fn hit_rate(&self, warmup: usize) -> f64 {
+        let t = self.totals(warmup);
+        ratio(t.hits, t.requests)
+    }
+
+    /// Prefetch hit rate over the tokens from `warmup` on (0 without requests).
+    pub fn prefetch_hit_rate(&self, warmup: usize) -> f64 {
+        let t = self.totals(warmup);
+        ratio(t.prefetch_hits, t.requests)
+    }
+}
+
+fn ratio(a: u64, b: u64) -> f64 {
+    if b == 0 { 0.0 } else { a as f64 / b as f64 }
+}
+
+/// Runs a trace (per token, the `(layer, page)` requests in order) through a cold cache.
+pub fn simulate(trace: &[Vec<(u32, u32)>], policy: Policy, capacity: u64) -> SimResult {
+    let mut cache = CacheSim::new(policy, capacity);
+    let mut previous: HashSet<(u32, u32)> = HashSet::new();
+    let mut per_token = Vec::with_capacity(trace.len());
+    for token in trace {
+        let mut counts = TokenCounts::default();
+        for &(layer, page) in token {
+            counts.requests += 1;
+            counts.hits += u64::from(cache.access(layer, page));
+            counts.prefetch_hits += u64::from(previous.contains(&(layer, page)));
+        }
+        previous = token.iter().copied().collect();
+        per_token.push(counts);
+    }
+    SimResult { per_token }
+}
+
+/// Mean over layers and tokens (from the second on) of `|S_t ∩ S_{t-1}| / |S_t|`, where `S_t` is
+/// a layer's set of requested pages; layers with an empty `S_t` are left out (0 if none is left).
+pub fn trace_reuse(trace: &[Vec<(u32, u32)>]) -> f64 {
+    let (mut sum, mut count) = (0.0, 0u64);
+    for pair in trace.windows(2) {
+        let previous: HashSet<(u32, u32)> = pair[0].iter().copied().collect();
+        let mut per_layer: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
+        for &key in &pair[1] {
+            let e = per_layer.entry(key.0).or_default();
+            e.0 += 1;
+            e.1 += u64::from(previous.contains(&key));
+        }
+        for (size, kept) in per_layer.into_values() {
+            sum += ratio(kept, size);
+            count += 1;
+        }
+    }
+    if count == 0 { 0.0 } else { sum / count as f64 }
+}
+
+/// Page ids of the candidates of a layer: after the sink page (when there is a home page at
+/// all), before the window.
+fn candidates(pages: u32, home_pages: u32) -> std::ops::Range<u32> {
+    let sink = home_pages.min(1);
+    sink..sink + pages.saturating_sub(home_pages)
+}
+
+/// Exact attention: every token requests every candidate of every layer, layer by layer, in
+/// ascending page order.
+pub fn exact_trace(
+    n_layers: u32,
+    pages: u32,
+    home_pages: u32,
+    tokens: usize,
+) -> Vec<Vec<(u32, u32)>> {
+    let one: Vec<(u32, u32)> = (0..n_layers)
+        .flat_map(|l| candidates(pages, home_pages).map(move |p| (l, p)))
+        .collect();
+    vec![one; tokens]
+}
+
+/// Quest top-`select`: the first token draws `select` candidates per layer uniformly; each later
+/// one keeps `round(reuse * select)` pages of the previous selection (at least the forced
+/// overlap `2*select - M`) chosen uniformly, and draws the rest uniformly from the other
+/// candidates. Requests go layer by layer in ascending page order. `select >= M` requests every
+/// candidate. The same arguments give the same trace.
+pub fn quest_trace(
+    n_layers: u32,
+    pages: u32,
+    home_pages: u32,
+    select: u32,
+    tokens: usize,
+    reuse: f64,
+    seed: u64,
+) -> Vec<Vec<(u32, u32)>> {
+    let cands: Vec<u32> = candidates(pages, home_pages).collect();
+    let m = cands.len();
+    let n = (select as usize).min(m);
+    let r = if reuse.is_nan() {
+        0.0
+    } else {
+        reuse.clamp(0.0, 1.0)
+    };
+    // r * n <= n fits usize; the forced overlap keeps the draw within the other candidates.
+    let keep = ((r * n as f64).round() as usize).clamp((2 * n).saturating_sub(m), n);
+    let mut rng = SplitMix64(seed);
+    let mut selection: Vec<Vec<u32>> = (0..n_layers)
+        .map(|_| {
+            let mut all = cands.clone();
+            rng.pick(&mut all, n);
+            all
+        })
+        .collect();
+    let mut trace = Vec::with_capacity(tokens);
+    for t in 0..tokens {
+        let mut token = Vec::new();
+        for (layer, sel) in (0u32..).zip(selection.iter_mut()) {
+            if t > 0 && n < m {
+                let in_sel: HashSet<u32> = sel.iter().copied().collect();
+                let mut others: Vec<u32> = cands
+                    .iter()
+                    .copied()
+                    .filter(|p| !in_sel.contains(p))
+                    .collect();
+                rng.pick(sel, keep);
+                rng.pick(&mut others, n - keep);
+                sel.extend_from_slice(&others);
+            }
+            sel.sort_unstable();
+            token.extend(sel.iter().map(|&p| (layer, p)));
+        }
+        trace.push(token);
+    }
+    trace
+}
+
+/// SplitMix64, for seeded synthetic traces.
+struct SplitMix64(u64);
+
+impl SplitMix64 {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..n` (`n > 0`).
+    fn below(&mut self, n: usize) -> usize {
+        ((u128::from(self.next_u64()) * n as u128) >> 64) as usize
+    }
+
+    /// Keeps a uniform choice of `k` (at most `v.len()`) elements of `v`, in arbitrary order.
+    fn pick(&mut self, v: &mut Vec<u32>, k: usize) {
+        let k = k.min(v.len());
+        for i in 0..k {
+            let j = i + self.below(v.len() - i);
+            v.swap(i, j);
+        }
+        v.truncate(k);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::hitrate::{KvModelInput, predict};
+
+    #[test]
+    fn cache_sim_counts_by_hand() {
+        // Capacity 2, requests A B A C B A.
+        let seq = [(0, 1), (0, 2), (0, 1), (1, 7), (0, 2), (0, 1)];
+        let run = |policy| {
+            let mut c = CacheSim::new(policy, 2);
+            let hits: Vec<bool> = seq.iter().map(|&(l, p)| c.access(l, p)).collect();
+            (hits, c.hits(), c.misses(), c.len())
+        };
+        // Lru: C evicts B (A was used after it), then B evicts A, then A evicts C.
+        let lru = vec![false, false, true, false, false, false];
+        assert_eq!(run(Policy::Lru), (lru, 1, 5, 2));
+        // Pinned keeps A and B for good.
+        let pinned = vec![false, false, true, false, true, true];
+        assert_eq!(run(Policy::Pinned), (pinned, 3, 3, 2));
+        let mut empty = CacheSim::new(Policy::Lru, 0);
+        assert!(!empty.access(0, 0) && !empty.access(0, 0));
+        assert!(empty.is_empty() && empty.misses() == 2);
+    }
+
+    #[test]
+    fn exact_cyclic_scan_pinned_and_lru() {
+        // 30 layers x 61 candidates: a cycle of 1830 pages; 500 pinned pages hit 500 of them.
+        let trace = exact_trace(30, 66, 5, 4);
+        assert!(trace.iter().all(|t| t.len() == 1830));
+        let pinned = simulate(&trace, Policy::Pinned, 500);
+        assert_eq!(pinned.per_token[0].hits, 0);
+        for t in &pinned.per_token[1..] {
+            assert_eq!((t.requests, t.hits, t.prefetch_hits), (1830, 500, 1830));
+        }
+        let model = |cache_pages, policy| {
+            predict(&KvModelInput {
+                n_layers: 30,
+                page_bytes: 1,
+                pages: 66,
+                home_pages: 5,
+                select: None,
+                cache_pages,
+                policy,
+                reuse: 0.0,
+            })
+        };
+        let p = model(500, Policy::Pinned);
+        assert!((p.hit_rate - pinned.hit_rate(1)).abs() < 1e-12);
+        assert!((p.hit_rate - 500.0 / 1830.0).abs() < 1e-12);
+        assert_eq!(p.prefetch_hit_rate, pinned.prefetch_hit_rate(1));
+        assert_eq!(simulate(&trace, Policy::Lru, 500).totals(0).hits, 0);
+        assert_eq!(simulate(&trace, Policy::Lru, 1829).totals(0).hits, 0);
+        assert_eq!(model(1829, Policy::Lru).hit_rate, 0.0);
+        assert_eq!(simulate(&trace, Policy::Lru, 1830).hit_rate(1), 1.0);
+        assert_eq!(model(1830, Policy::Lru).hit_rate, 1.0);
+    }
+
+    /// The model against the simulator on quest traces: 12 layers (fewer layers make the
+    /// within-burst effects the model averages out larger), M = 61 candidates, N = 8, 2500
+    /// tokens of which the first 500 warm the cache. Tolerance: 0.02 absolute for Lru and for
+    /// Pinned. The cache sizes stay off the edge of the one large step, `C = L*N`, which the
+    /// simulator climbs over the `N` pages below it (checked separately below).
+    #[test]
+    fn quest_model_matches_simulator() {
+        let (l, pages, home, n) = (12u32, 66u32, 5u32, 8u32);
+        let mut report = String::new();
+        let mut worst = (0.0f64, 0.0f64);
+        for (r, seed) in [(0.0, 1), (0.5, 2), (0.9, 3)] {
+            let trace = quest_trace(l, pages, home, n, 2500, r, seed);
+            let reuse = trace_reuse(&trace);
+            for c_l in [0, 4, 7, 9, 12, 20, 30, 40, 50, 58, 61] {
+                let c = u64::from(c_l * l);
+                let model = |policy| {
+                    predict(&KvModelInput {
+                        n_layers: l,
+                        page_bytes: 1,
+                        pages,
+                        home_pages: home,
+                        select: Some(n),
+                        cache_pages: c,
+                        policy,
+                        reuse,
+                    })
+                };
+                let (lru, pinned) = (model(Policy::Lru), model(Policy::Pinned));
+                let sim_lru = simulate(&trace, Policy::Lru, c);
+                let sim_pinned = simulate(&trace, Policy::Pinned, c).hit_rate(500);
+                let e = (
+                    (lru.hit_rate - sim_lru.hit_rate(500)).abs(),
+                    (pinned.hit_rate - sim_pinned).abs(),
+                );
+                worst = (worst.0.max(e.0), worst.1.max(e.1));
+                report += &format!(
+                    "r {r} (measured {reuse:.3}) C_l {c_l}: lru model {:.4} sim {:.4} | \
+                     pinned model {:.4} sim {sim_pinned:.4}\n",
+                    lru.hit_rate,
+                    sim_lru.hit_rate(500),
+                    pinned.hit_rate
+                );
+                assert!((lru.prefetch_hit_rate - sim_lru.prefetch_hit_rate(500)).abs() < 1e-9);
+            }
+        }
+        assert!(
+            worst.0 <= 0.02 && worst.1 <= 0.02,
+            "worst {worst:?}\n{report}"
+        );
+    }
+
+    #[test]
+    fn quest_lru_step_at_one_selection_per_layer() {
+        let (l, n) = (12u32, 8u32);
+        let trace = quest_trace(l, 66, 5, n, 1500, 0.5, 9);
+        assert_eq!(
+            simulate(&trace, Policy::Lru, u64::from((l - 1) * n))
+                .totals(0)
+                .hits,
+            0
+        );
+        assert_eq!(
+            simulate(&trace, Policy::Lru, u64::from(l * n - n))
+                .totals(0)
+                .hits,
+            0
+        );
+        let above = simulate(&trace, Policy::Lru, u64::from(l * n + n)).hit_rate(300);
+        assert!((above - 0.5).abs() < 0.02, "{above}");
+    }
+
+    #[test]
+    fn quest_selecting_every_candidate_is_the_exact_trace() {
+        let exact = exact_trace(5, 20, 4, 6);
+        for select in [16, 17, u32::MAX] {
+            let quest = quest_trace(5, 20, 4, select, 6, 0.2, 11);
+            assert_eq!(quest, exact);
+        }
+        for policy in [Policy::Pinned, Policy::Lru] {
+            for c in [0, 10, 79, 80] {
+                let a = simulate(&exact, policy, c);
+                let b = simulate(&quest_trace(5, 20, 4, 16, 6, 0.7, 3), policy, c);
+                assert_eq!(a.per_token, b.per_token);
+            }
+        }
+    }
+
+    #[test]
+    fn quest_trace_has_the_requested_shape_and_reuse() {
+        let trace = quest_trace(3, 40, 6, 10, 50, 0.7, 5);
+        assert_eq!(trace, quest_trace(3, 40, 6, 10, 50, 0.7, 5));
+        assert_ne!(trace, quest_trace(3, 40, 6, 10, 50, 0.7, 6));
+        for token in &trace {
+            assert_eq!(token.len(), 30);
+            for layer in 0..3 {
+                let sel: Vec<u32> = token.iter().filter(|k| k.0 == layer).map(|k| k.1).collect();
+                assert_eq!(sel.len(), 10);
+                // Candidates lie after the sink page and before the window: 1..=34.
+                assert!(sel.windows(2).all(|w| w[0] < w[1]) && sel[0] >= 1 && sel[9] <= 34);
+            }
+        }
+        assert!((trace_reuse(&trace) - 0.7).abs() < 1e-12);
+        // 8 of 10 candidates: at least 6 are kept, whatever the reuse asked for.
+        let forced = quest_trace(2, 12, 2, 8, 20, 0.0, 1);
+        assert!((trace_reuse(&forced) - 0.75).abs() < 1e-12);
+    }
+
+    #[test]
+    fn degenerate_traces() {
+        for trace in [
+            quest_trace(4, 0, 0, 3, 5, 0.5, 1),
+            quest_trace(4, 5, 5, 3, 5, 0.5, 1),
+            quest_trace(4, 5, 9, 3, 5, f64::NAN, 1),
+            quest_trace(4, 30, 2, 0, 5, 0.5, 1),
+            quest_trace(0, 30, 2, 3, 5, 0.5, 1),
+            exact_trace(4, 3, 7, 5),
+        ] {
+            assert!(trace.iter().all(|t| t.is_empty()));
+            let s = simulate(&trace, Policy::Lru, 10);
+            assert_eq!((s.hit_rate(0), s.prefetch_hit_rate(0)), (0.0, 0.0));
+            assert_eq!(trace_reuse(&trace), 0.0);
+        }
+        assert!(quest_trace(4, 30, 2, 3, 0, 0.5, 1).is_empty());
+        let none = simulate(&[], Policy::Pinned, 0);
+        assert_eq!((none.hit_rate(0), none.hit_rate(99)), (0.0, 0.0));
+        let cold = simulate(&exact_trace(2, 10, 2, 3), Policy::Pinned, 0);
+        assert_eq!(cold.totals(0).hits, 0);
+    }
+}

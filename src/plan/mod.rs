@@ -1,0 +1,2 @@
+pub mod hitrate;
+pub mod hitrate_sim;
