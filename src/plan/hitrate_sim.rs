@@ -223,7 +223,7 @@ pub fn quest_trace(
         .collect();
     let mut trace = Vec::with_capacity(tokens);
     for t in 0..tokens {
-        let mut token = Vec::with_capacity(selection.len() * n);
+        let mut token = Vec::new();
         for (layer, sel) in (0u32..).zip(selection.iter_mut()) {
             if t > 0 && n < m {
                 let in_sel: HashSet<u32> = sel.iter().copied().collect();
@@ -332,7 +332,7 @@ mod tests {
 
     /// The model against the simulator on quest traces: 12 layers (fewer layers make the
     /// within-burst effects the model averages out larger), M = 61 candidates, N = 8, 2500
-    /// tokens of which the first 500 warm the cache. Tolerance: 0.05 absolute for Lru, 0.02 for
+    /// tokens of which the first 500 warm the cache. Tolerance: 0.02 absolute for Lru and for
     /// Pinned. The cache sizes stay off the edge of the one large step, `C = L*N`, which the
     /// simulator climbs over the `N` pages below it (checked separately below).
     #[test]
@@ -376,7 +376,7 @@ mod tests {
             }
         }
         assert!(
-            worst.0 <= 0.0 && worst.1 <= 0.02,
+            worst.0 <= 0.02 && worst.1 <= 0.02,
             "worst {worst:?}\n{report}"
         );
     }
