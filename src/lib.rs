@@ -8,6 +8,7 @@
 pub mod bench;
 pub mod cli;
 pub mod engine;
+pub mod eval;
 pub mod flash;
 pub mod gguf;
 pub mod gpu;
