@@ -417,6 +417,7 @@ impl GpuContext {
             });
         }
         self.budget.reserve(label, size)?;
+        log::trace!("alloc {label}: {size}");
         let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
             size,

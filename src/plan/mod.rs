@@ -302,7 +302,25 @@ impl ExecPlan {
         let max_layer = layers.iter().map(|w| w.device_bytes()).max().unwrap_or(0);
         let slots_wanted = (o.prefetch + 1).min(cfg.n_layers.max(1));
         let head_params_max = head_lists * head_resident_params.max(head_stream_params);
+        // Everything resident with every KV page at home needs no staging ring; if that does
+        // not fit, the pages go to flash and come back through the ring.
+        let mut kv_full = kv_min.clone();
+        kv_full.home_pages = kv_full.max_pages;
+        kv_full.streams = false;
+        kv_full.stream_slots = 0;
+        let all_home = kv_full.device_bytes(cfg.n_layers)
+            + sizes.total()
+            + norms
+            + params
+            + head_params_max
+            + layers.iter().map(|w| w.device_bytes()).sum::<u64>()
+            + head.layout.device_bytes();
         let costs = Costs {
+            resident_extra: if kv_min.streams && all_home > budget {
+                ring
+            } else {
+                0
+            },
             kv: kv_min.device_bytes(cfg.n_layers),
             activations: sizes.total(),
             norms,
@@ -339,12 +357,20 @@ impl ExecPlan {
             .budget
             .saturating_sub(placement.total - head_params_max + head_params);
         let kv = kv_min.grow(cfg, spare, ubatch as u64 * part_row);
+        // The ring reserved for a KV cache that pages to flash beside resident weights is not
+        // allocated when the pages all fit after all.
+        let unused_ring = if !placement.streaming && !kv.streams {
+            placement.costs.resident_extra
+        } else {
+            0
+        };
         sizes.part = round16(ubatch as u64 * part_row * kv.round_splits as u64);
         let total = placement.total - placement.costs.kv - placement.costs.activations
             + kv.device_bytes(cfg.n_layers)
             + sizes.total()
             - head_params_max
-            + head_params;
+            + head_params
+            - unused_ring;
         let mut placement = placement;
         placement.total = total;
         Ok(Self {

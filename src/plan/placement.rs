@@ -24,6 +24,9 @@ pub struct Costs {
     pub head: u64,
     /// One output-head chunk slot.
     pub head_chunk: u64,
+    /// Bytes everything-resident needs beyond the weights and fixed costs (the staging ring,
+    /// when the KV cache must page to flash even with every weight resident).
+    pub resident_extra: u64,
 }
 
 /// What the engine was asked to keep resident (`--resident`).
@@ -161,7 +164,7 @@ pub fn plan(
     slots: usize,
     spec: &ResidentSpec,
 ) -> Result<Placement, PlacementError> {
-    let all = costs.fixed() + n_layers as u64 * costs.layer + costs.head;
+    let all = costs.fixed() + n_layers as u64 * costs.layer + costs.head + costs.resident_extra;
     let everything = |costs: Costs| Placement {
         budget,
         total: all,
@@ -329,6 +332,7 @@ mod tests {
             layer: 500,
             head: 3000,
             head_chunk: 100,
+            resident_extra: 0,
         }
     }
 

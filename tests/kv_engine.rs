@@ -1,0 +1,379 @@
+//! The paged KV cache in the engine: exact paged attention equals the contiguous cache for every
+//! page size, budget and I/O mode; page selection keeping every page equals exact; rewinds bring
+//! back the device window from the page file; the plan's sizes are what gets allocated;
+//! sessions resume to the same ids as an uninterrupted run and reject what does not match.
+mod common;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use flashlm::engine::{Engine, EngineError, EngineOptions};
+use flashlm::flash::source::FlashSource;
+use flashlm::flash::{FlashFile, IoMode, ReaderOptions};
+use flashlm::gguf::{GgmlType, GgufFile};
+use flashlm::gpu::GpuOptions;
+use flashlm::kv::SessionError;
+use flashlm::kv::session::{SaveFault, Session};
+use flashlm::model::synthetic::{SyntheticSpec, synthetic_llama};
+use flashlm::plan::KvSelect;
+use flashlm::sampling::{Sampler, SamplerParams};
+
+fn scratch(name: &str) -> PathBuf {
+    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "kv-engine-{name}-{}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn spec() -> SyntheticSpec {
+    SyntheticSpec {
+        n_layers: 3,
+        n_embd: 64,
+        n_heads: 4,
+        n_kv_heads: 2,
+        n_ff: 96,
+        vocab: 400,
+        weight_type: GgmlType::Q8_0,
+        ctx: 1024,
+        untied_output: false,
+    }
+}
+
+/// The synthetic model, in memory and in a file (for the flash reader).
+fn model(dir: &std::path::Path) -> (Arc<GgufFile>, PathBuf) {
+    let bytes = synthetic_llama(&spec(), 21);
+    let path = dir.join("model.gguf");
+    std::fs::write(&path, &bytes).unwrap();
+    (Arc::new(GgufFile::from_bytes(bytes).unwrap()), path)
+}
+
+fn opts(budget: Option<u64>, page: u32, dir: &std::path::Path) -> EngineOptions {
+    EngineOptions {
+        gpu: GpuOptions {
+            budget,
+            ..Default::default()
+        },
+        ctx: Some(256),
+        ubatch: 32,
+        ring_slots: 3,
+        ring_chunk: 8192,
+        head_chunk: 16384,
+        kv_page: Some(page),
+        kv_dir: Some(dir.join("kv")),
+        ..Default::default()
+    }
+}
+
+fn engine(gguf: &Arc<GgufFile>, path: &std::path::Path, o: &EngineOptions, mode: IoMode) -> Engine {
+    let f = FlashFile::open(
+        path,
+        ReaderOptions {
+            mode,
+            threads: 2,
+            chunk: 64 * 1024,
+        },
+    )
+    .unwrap();
+    let e = Engine::with_source(gguf.clone(), Arc::new(FlashSource::new(f, 0)), o).unwrap();
+    // The plan is the single source of sizes: exactly its bytes are allocated.
+    assert_eq!(e.ctx.budget.in_use(), e.plan.total, "{}", e.placement);
+    e
+}
+
+fn prompt(n: usize, seed: u32) -> Vec<u32> {
+    (0..n as u32).map(|k| (k * 97 + seed * 13 + 5) % 400).collect()
+}
+
+/// Prefill logits, then greedy ids with the logits of every step.
+fn run(e: &mut Engine, p: &[u32], n: usize) -> (Vec<f32>, Vec<u32>, Vec<Vec<f32>>) {
+    e.reset();
+    let mut logits = e.forward(p).unwrap();
+    let first = logits.clone();
+    let mut ids = Vec::new();
+    let mut steps = Vec::new();
+    for _ in 0..n {
+        let id = flashlm::model::reference::argmax(&logits);
+        ids.push(id);
+        logits = e.forward(&[id]).unwrap();
+        steps.push(logits.clone());
+    }
+    (first, ids, steps)
+}
+
+fn min_budget(gguf: &Arc<GgufFile>, o: &EngineOptions) -> u64 {
+    let mut t = o.clone();
+    t.gpu.budget = Some(1024);
+    match Engine::new(gguf.clone(), &t) {
+        Err(EngineError::Placement(flashlm::engine::PlacementError::TooSmall {
+            minimum, ..
+        })) => minimum,
+        Err(e) => panic!("expected a too-small budget, got {e}"),
+        Ok(_) => panic!("1 KiB accepted"),
+    }
+}
+
+#[test]
+fn paged_exact_equals_contiguous_every_page_size_budget_and_io_mode() {
+    if common::gpu().is_none() {
+        return;
+    }
+    let dir = scratch("exact");
+    let (gguf, path) = model(&dir);
+    let p = prompt(150, 1);
+    // One page for the whole context: the contiguous cache.
+    let mut contiguous = engine(&gguf, &path, &opts(None, 256, &dir), IoMode::Mmap);
+    assert!(!contiguous.plan.kv.streams && contiguous.plan.kv.max_pages == 1);
+    let want = run(&mut contiguous, &p, 40);
+    drop(contiguous);
+    for page in [1u32, 16, 64] {
+        let base = opts(None, page, &dir);
+        let min = min_budget(&gguf, &base);
+        for budget in [None, Some(min), Some(min + 300_000)] {
+            for mode in [IoMode::Mmap, IoMode::Direct] {
+                let o = EngineOptions {
+                    gpu: GpuOptions {
+                        budget,
+                        ..Default::default()
+                    },
+                    ..base.clone()
+                };
+                let mut e = engine(&gguf, &path, &o, mode);
+                if budget == Some(min) {
+                    assert!(e.plan.kv.streams, "page {page}: the minimum must page to flash");
+                    assert!(e.kv_file().is_some());
+                }
+                let got = run(&mut e, &p, 40);
+                let what = format!("page {page}, budget {budget:?}, {mode}: {}", e.placement);
+                assert!(got.0 == want.0, "{what}: prefill logits differ");
+                assert_eq!(got.1, want.1, "{what}: ids differ");
+                assert!(got.2 == want.2, "{what}: decode logits differ");
+                assert!(e.ctx.budget.peak() <= budget.unwrap_or(u64::MAX));
+                if e.plan.kv.streams {
+                    let s = e.kv_stats;
+                    assert!(s.fetch.pages > 0 && s.fetch.flash_pages > 0, "{what}");
+                    // Each full page of each layer written once.
+                    let n = e.n_past();
+                    let full = (n / page as usize) as u64 * 3;
+                    let file = e.kv_file().unwrap().to_path_buf();
+                    assert!(file.exists());
+                    drop(e);
+                    assert!(!file.exists(), "the page file is removed with the engine");
+                    let _ = full;
+                }
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn kv_pages_written_once_per_full_page() {
+    if common::gpu().is_none() {
+        return;
+    }
+    let dir = scratch("wear");
+    let (gguf, path) = model(&dir);
+    let base = opts(None, 16, &dir);
+    let min = min_budget(&gguf, &base);
+    let o = EngineOptions {
+        gpu: GpuOptions {
+            budget: Some(min),
+            ..Default::default()
+        },
+        ..base
+    };
+    let mut e = engine(&gguf, &path, &o, IoMode::Mmap);
+    let mut s = Sampler::new(SamplerParams {
+        temperature: 0.0,
+        ..Default::default()
+    });
+    let (_, st) = e
+        .generate(&prompt(100, 2), 60, &mut s, |_| false, |_| true)
+        .unwrap();
+    // 100 + 59 positions cached: 9 full 16-token pages per layer, 3 of them during decode.
+    assert_eq!(st.kv_pages_written, (9 - 6) * 3);
+    assert_eq!(st.kv_bytes_written, st.kv_pages_written * e.plan.kv.page_bytes);
+    assert!(st.kv_bytes_written_per_token <= e.plan.kv.page_bytes as f64 * 3.0 / 16.0 * 1.2);
+}
+
+#[test]
+fn page_selection_keeping_every_page_equals_exact() {
+    if common::gpu().is_none() {
+        return;
+    }
+    let dir = scratch("quest");
+    let (gguf, path) = model(&dir);
+    let p = prompt(120, 3);
+    for budget_min in [false, true] {
+        let base = opts(None, 16, &dir);
+        let budget = budget_min.then(|| min_budget(&gguf, &base));
+        let mk = |sel: Option<&str>| {
+            let mut o = base.clone();
+            o.gpu.budget = budget;
+            o.kv_select = sel.map(|s| KvSelect::parse(s, 0).unwrap());
+            engine(&gguf, &path, &o, IoMode::Mmap)
+        };
+        let want = run(&mut mk(None), &p, 24);
+        for sel in ["quest:100%", "quest:1000"] {
+            let mut e = mk(Some(sel));
+            let got = run(&mut e, &p, 24);
+            assert_eq!(got.1, want.1, "{sel}, budget {budget:?}");
+            assert!(got.2 == want.2, "{sel}, budget {budget:?}: decode logits differ");
+        }
+        // Keeping one page attends less: the run still works and selects.
+        let mut e = mk(Some("quest:1"));
+        let got = run(&mut e, &p, 24);
+        assert_eq!(got.1.len(), 24);
+        assert!(e.kv_stats.selections > 0);
+        assert!(e.kv_stats.selected_pages < e.kv_stats.candidate_pages);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn rewind_brings_the_window_back_from_flash() {
+    if common::gpu().is_none() {
+        return;
+    }
+    let dir = scratch("rewind");
+    let (gguf, path) = model(&dir);
+    let base = opts(None, 16, &dir);
+    let o = EngineOptions {
+        gpu: GpuOptions {
+            budget: Some(min_budget(&gguf, &base)),
+            ..Default::default()
+        },
+        ..base
+    };
+    let p = prompt(180, 4);
+    let tail = prompt(30, 5);
+    let mut e = engine(&gguf, &path, &o, IoMode::Direct);
+    assert!(e.plan.kv.streams);
+    e.forward(&p).unwrap();
+    for cut in [75usize, 64, 130] {
+        e.truncate(cut);
+        assert_eq!(e.n_past(), cut);
+        let got = e.forward(&tail).unwrap();
+        let mut fresh = engine(&gguf, &path, &o, IoMode::Mmap);
+        let mut all = p[..cut].to_vec();
+        all.extend_from_slice(&tail);
+        // The same batches as the rewound engine ran: the prefix, then the tail.
+        fresh.forward(&p[..cut]).unwrap();
+        let want = fresh.forward(&tail).unwrap();
+        assert!(got == want, "rewind to {cut}: logits differ");
+        // Back to the full prompt for the next cut.
+        e.truncate(cut);
+        e.forward(&p[cut..]).unwrap();
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn session_resumes_to_the_uninterrupted_ids_and_rejects_mismatches() {
+    if common::gpu().is_none() {
+        return;
+    }
+    let dir = scratch("session");
+    let (gguf, path) = model(&dir);
+    let sp = dir.join("chat.session");
+    let greedy = || {
+        Sampler::new(SamplerParams {
+            temperature: 0.0,
+            ..Default::default()
+        })
+    };
+    let first = prompt(90, 6);
+    let mut second = first.clone();
+    second.extend(prompt(25, 7));
+    for streams in [false, true] {
+        let base = opts(None, 16, &dir);
+        let o = EngineOptions {
+            gpu: GpuOptions {
+                budget: streams.then(|| min_budget(&gguf, &base)),
+                ..Default::default()
+            },
+            ..base.clone()
+        };
+        // Uninterrupted: the second prompt from scratch.
+        let mut u = engine(&gguf, &path, &o, IoMode::Mmap);
+        let (want, _) = u.generate(&second, 12, &mut greedy(), |_| false, |_| true).unwrap();
+        drop(u);
+        // A first run saves its session; a new engine resumes from it.
+        let mut a = engine(&gguf, &path, &o, IoMode::Mmap);
+        assert_eq!(a.plan.kv.streams, streams);
+        a.generate(&first, 5, &mut greedy(), |_| false, |_| true).unwrap();
+        a.save_session(&sp).unwrap();
+        let saved = std::fs::read(&sp).unwrap();
+        // A save that dies half way leaves the previous session intact.
+        for n in [0u64, 100, saved.len() as u64 / 2] {
+            assert!(a.save_session_with(&sp, Some(SaveFault::CrashAfterBytes(n))).is_err());
+            assert_eq!(std::fs::read(&sp).unwrap(), saved);
+        }
+        drop(a);
+        let s = Session::open(&sp).unwrap();
+        assert_eq!(s.tokens().len(), 90 + 4);
+        let mut b = engine(&gguf, &path, &o, IoMode::Direct);
+        let k = b.resume(&s, &second).unwrap();
+        assert_eq!(k, 90, "the first prompt is the shared prefix");
+        let (got, _) = b
+            .generate(&second[k..], 12, &mut greedy(), |_| false, |_| true)
+            .unwrap();
+        assert_eq!(got, want, "streams={streams}: resumed ids differ");
+        // Another page size is another layout: refused, naming it.
+        let mut other = opts(None, 32, &dir);
+        other.gpu.budget = o.gpu.budget;
+        let mut c = engine(&gguf, &path, &other, IoMode::Mmap);
+        let err = c.resume(&s, &second).unwrap_err();
+        assert!(
+            matches!(err, EngineError::Session(SessionError::Mismatch { .. })),
+            "{err}"
+        );
+        assert!(err.to_string().contains("page"), "{err}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn plan_sizes_are_allocated_exactly() {
+    if common::gpu().is_none() {
+        return;
+    }
+    let dir = scratch("plan");
+    let (gguf, path) = model(&dir);
+    for page in [1u32, 8, 64, 512] {
+        for sel in [None, Some("quest:4")] {
+            let mut base = opts(None, page, &dir);
+            base.kv_select = sel.map(|s| KvSelect::parse(s, 1).unwrap());
+            base.logit_rows = 4;
+            let min = min_budget(&gguf, &base);
+            for budget in [Some(min), Some(min + 100_000), Some(min + 2_000_000), None] {
+                let mut o = base.clone();
+                o.gpu.budget = budget;
+                let mut e = engine(&gguf, &path, &o, IoMode::Mmap);
+                e.forward(&prompt(40, 8)).unwrap();
+                assert!(e.ctx.budget.peak() <= budget.unwrap_or(u64::MAX));
+                assert_eq!(e.ctx.budget.peak(), e.plan.total, "nothing beyond the plan");
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn debug_plan_sizes() {
+    let dir = scratch("dbg");
+    let (gguf, _path) = model(&dir);
+    let base = opts(None, 1, &dir);
+    let min = min_budget(&gguf, &base);
+    let mut o = base.clone();
+    o.gpu.budget = Some(min);
+    let cfg = flashlm::model::config::ModelConfig::from_gguf(&gguf).unwrap();
+    let p = flashlm::plan::ExecPlan::new(&gguf, &cfg, 128 << 20, &o.plan_options()).unwrap();
+    eprintln!("{:#?}", p.kv);
+    eprintln!("sizes {:?} norms {} params {} total {}", p.sizes, p.norms, p.params, p.total);
+    eprintln!("placement {:?}", p.placement);
+    let e = Engine::new(gguf.clone(), &o);
+    eprintln!("{:?}", e.err());
+}
