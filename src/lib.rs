@@ -12,6 +12,7 @@ pub mod flash;
 pub mod gguf;
 pub mod gpu;
 pub mod kernels;
+pub mod kv;
 pub mod model;
 pub mod paths;
 pub mod sampling;

@@ -13,6 +13,7 @@
 //! check that they did; [`DramCache`] keeps hot ranges in host memory under a byte budget.
 
 mod cache;
+pub(crate) mod direct;
 mod size;
 
 pub use cache::{CacheStats, DramCache};
@@ -184,7 +185,7 @@ pub enum FlashFault {
 }
 
 /// A heap buffer aligned for direct I/O.
-struct AlignedBuf {
+pub(crate) struct AlignedBuf {
     ptr: std::ptr::NonNull<u8>,
     layout: std::alloc::Layout,
 }
@@ -194,7 +195,7 @@ unsafe impl Send for AlignedBuf {}
 unsafe impl Sync for AlignedBuf {}
 
 impl AlignedBuf {
-    fn new(len: usize) -> io::Result<Self> {
+    pub(crate) fn new(len: usize) -> io::Result<Self> {
         let len = len.max(DIRECT_ALIGN).next_multiple_of(DIRECT_ALIGN);
         let layout = std::alloc::Layout::from_size_align(len, DIRECT_ALIGN)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
@@ -208,10 +209,10 @@ impl AlignedBuf {
         })?;
         Ok(Self { ptr, layout })
     }
-    fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.layout.size()
     }
-    fn as_mut_slice(&mut self) -> &mut [u8] {
+    pub(crate) fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: `ptr` owns `len` initialized (zeroed) bytes, borrowed mutably through self.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len()) }
     }
