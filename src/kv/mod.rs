@@ -1,5 +1,7 @@
 //! The attention KV cache on flash.
 //!
+//! [`pages`] decides where each page lives (device home slots or the stream pool) and builds the
+//! page lists attention reads.
 //! [`store`] keeps a run's KV pages (P tokens of one layer of one sequence each) in a page file:
 //! written once when full, read back many times. [`session`] saves the tokens and pages of a
 //! conversation to a file that a later run loads instead of recomputing the shared prefix.

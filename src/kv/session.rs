@@ -42,7 +42,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 mod save;
-pub use save::{SaveFault, SaveStats, save};
+pub use save::{PageError, PageFill, SaveFault, SaveStats, save};
 
 use super::SessionError;
 use super::store::MAX_PAGE_BYTES;

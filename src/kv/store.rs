@@ -525,9 +525,10 @@ impl KvStore {
         let rec = self.record as usize;
         if let Some(map) = &self.io.map {
             self.check_size()?;
+            let base = usize::try_from(offset).map_err(|_| self.shrunk(map.len() as u64))?;
             for (k, d) in dst.chunks_exact_mut(pb).enumerate() {
                 // Within the map: the record lies inside the file, which has not shrunk.
-                let s = offset as usize + k * rec;
+                let s = base + k * rec;
                 match map.get(s..s + pb) {
                     Some(src) => d.copy_from_slice(src),
                     None => return Err(self.shrunk(map.len() as u64)),

@@ -7,12 +7,18 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use serde::Serialize;
 
 use super::{
-    DATA_ALIGN, Geometry, HEADER_BYTES, MAGIC, MAX_CONFIG_BYTES, MAX_KV_TYPE_BYTES,
-    SessionIdentity, VERSION, geometry, io_err,
+    Geometry, HEADER_BYTES, MAGIC, MAX_CONFIG_BYTES, MAX_KV_TYPE_BYTES, SessionIdentity, VERSION,
+    geometry, io_err,
 };
 use crate::flash::direct::pwrite_all;
 use crate::kv::SessionError;
 use crate::kv::store::MAX_PAGE_BYTES;
+
+/// Why a page could not be produced for [`save`].
+pub type PageError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Fills the `page_bytes` of page `(layer, page)`: `fill(layer, page, buf)`.
+pub type PageFill<'a> = dyn FnMut(u32, u32, &mut [u8]) -> Result<(), PageError> + 'a;
 
 /// Fault injection for tests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,11 +109,7 @@ pub fn save(
     path: &Path,
     id: &SessionIdentity,
     tokens: &[u32],
-    page: &mut dyn FnMut(
-        u32,
-        u32,
-        &mut [u8],
-    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>>,
+    page: &mut PageFill<'_>,
     fault: Option<SaveFault>,
 ) -> Result<SaveStats, SessionError> {
     check_identity_fields(id)?;
@@ -188,11 +190,7 @@ fn write_body(
     w: &mut TmpWriter,
     id: &SessionIdentity,
     tokens: &[u32],
-    page: &mut dyn FnMut(
-        u32,
-        u32,
-        &mut [u8],
-    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>>,
+    page: &mut PageFill<'_>,
     g: &Geometry,
 ) -> Result<(), SessionError> {
     let page_len = usize::try_from(id.page_bytes)
@@ -202,7 +200,9 @@ fn write_body(
     // Four bytes per page, bounded by the file size computed above.
     let index_len = usize::try_from(g.total_pages.saturating_mul(4))
         .map_err(|_| SessionError::Invalid("the page index does not fit in memory".into()))?;
-    index.reserve_exact(index_len);
+    index
+        .try_reserve_exact(index_len)
+        .map_err(|_| SessionError::Invalid("the page index does not fit in memory".into()))?;
     let mut offset = g.data_offset;
     for layer in 0..id.n_layers {
         for p in 0..g.n_pages {
