@@ -19,10 +19,8 @@ use flashlm::plan::KvSelect;
 use flashlm::sampling::{Sampler, SamplerParams};
 
 fn scratch(name: &str) -> PathBuf {
-    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
-        "kv-engine-{name}-{}",
-        std::process::id()
-    ));
+    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("kv-engine-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&d).unwrap();
     d
 }
@@ -55,7 +53,7 @@ fn opts(budget: Option<u64>, page: u32, dir: &std::path::Path) -> EngineOptions 
             budget,
             ..Default::default()
         },
-        ctx: Some(256),
+        ctx: Some(512),
         ubatch: 32,
         ring_slots: 3,
         ring_chunk: 8192,
@@ -83,7 +81,9 @@ fn engine(gguf: &Arc<GgufFile>, path: &std::path::Path, o: &EngineOptions, mode:
 }
 
 fn prompt(n: usize, seed: u32) -> Vec<u32> {
-    (0..n as u32).map(|k| (k * 97 + seed * 13 + 5) % 400).collect()
+    (0..n as u32)
+        .map(|k| (k * 97 + seed * 13 + 5) % 400)
+        .collect()
 }
 
 /// Prefill logits, then greedy ids with the logits of every step.
@@ -121,9 +121,9 @@ fn paged_exact_equals_contiguous_every_page_size_budget_and_io_mode() {
     }
     let dir = scratch("exact");
     let (gguf, path) = model(&dir);
-    let p = prompt(150, 1);
+    let p = prompt(210, 1);
     // One page for the whole context: the contiguous cache.
-    let mut contiguous = engine(&gguf, &path, &opts(None, 256, &dir), IoMode::Mmap);
+    let mut contiguous = engine(&gguf, &path, &opts(None, 512, &dir), IoMode::Mmap);
     assert!(!contiguous.plan.kv.streams && contiguous.plan.kv.max_pages == 1);
     let want = run(&mut contiguous, &p, 40);
     drop(contiguous);
@@ -141,7 +141,10 @@ fn paged_exact_equals_contiguous_every_page_size_budget_and_io_mode() {
                 };
                 let mut e = engine(&gguf, &path, &o, mode);
                 if budget == Some(min) {
-                    assert!(e.plan.kv.streams, "page {page}: the minimum must page to flash");
+                    assert!(
+                        e.plan.kv.streams,
+                        "page {page}: the minimum must page to flash"
+                    );
                     assert!(e.kv_file().is_some());
                 }
                 let got = run(&mut e, &p, 40);
@@ -153,14 +156,10 @@ fn paged_exact_equals_contiguous_every_page_size_budget_and_io_mode() {
                 if e.plan.kv.streams {
                     let s = e.kv_stats;
                     assert!(s.fetch.pages > 0 && s.fetch.flash_pages > 0, "{what}");
-                    // Each full page of each layer written once.
-                    let n = e.n_past();
-                    let full = (n / page as usize) as u64 * 3;
                     let file = e.kv_file().unwrap().to_path_buf();
                     assert!(file.exists());
                     drop(e);
                     assert!(!file.exists(), "the page file is removed with the engine");
-                    let _ = full;
                 }
             }
         }
@@ -194,7 +193,10 @@ fn kv_pages_written_once_per_full_page() {
         .unwrap();
     // 100 + 59 positions cached: 9 full 16-token pages per layer, 3 of them during decode.
     assert_eq!(st.kv_pages_written, (9 - 6) * 3);
-    assert_eq!(st.kv_bytes_written, st.kv_pages_written * e.plan.kv.page_bytes);
+    assert_eq!(
+        st.kv_bytes_written,
+        st.kv_pages_written * e.plan.kv.page_bytes
+    );
     assert!(st.kv_bytes_written_per_token <= e.plan.kv.page_bytes as f64 * 3.0 / 16.0 * 1.2);
 }
 
@@ -207,7 +209,9 @@ fn page_selection_keeping_every_page_equals_exact() {
     let (gguf, path) = model(&dir);
     let p = prompt(120, 3);
     for budget_min in [false, true] {
-        let base = opts(None, 16, &dir);
+        let mut base = opts(None, 16, &dir);
+        // The budget of the largest configuration (page summaries take device memory).
+        base.kv_select = Some(KvSelect::parse("quest:1", 0).unwrap());
         let budget = budget_min.then(|| min_budget(&gguf, &base));
         let mk = |sel: Option<&str>| {
             let mut o = base.clone();
@@ -220,7 +224,10 @@ fn page_selection_keeping_every_page_equals_exact() {
             let mut e = mk(Some(sel));
             let got = run(&mut e, &p, 24);
             assert_eq!(got.1, want.1, "{sel}, budget {budget:?}");
-            assert!(got.2 == want.2, "{sel}, budget {budget:?}: decode logits differ");
+            assert!(
+                got.2 == want.2,
+                "{sel}, budget {budget:?}: decode logits differ"
+            );
         }
         // Keeping one page attends less: the run still works and selects.
         let mut e = mk(Some("quest:1"));
@@ -253,7 +260,7 @@ fn rewind_brings_the_window_back_from_flash() {
     assert!(e.plan.kv.streams);
     e.forward(&p).unwrap();
     for cut in [75usize, 64, 130] {
-        e.truncate(cut);
+        e.try_truncate(cut).unwrap();
         assert_eq!(e.n_past(), cut);
         let got = e.forward(&tail).unwrap();
         let mut fresh = engine(&gguf, &path, &o, IoMode::Mmap);
@@ -298,17 +305,23 @@ fn session_resumes_to_the_uninterrupted_ids_and_rejects_mismatches() {
         };
         // Uninterrupted: the second prompt from scratch.
         let mut u = engine(&gguf, &path, &o, IoMode::Mmap);
-        let (want, _) = u.generate(&second, 12, &mut greedy(), |_| false, |_| true).unwrap();
+        let (want, _) = u
+            .generate(&second, 12, &mut greedy(), |_| false, |_| true)
+            .unwrap();
         drop(u);
         // A first run saves its session; a new engine resumes from it.
         let mut a = engine(&gguf, &path, &o, IoMode::Mmap);
         assert_eq!(a.plan.kv.streams, streams);
-        a.generate(&first, 5, &mut greedy(), |_| false, |_| true).unwrap();
+        a.generate(&first, 5, &mut greedy(), |_| false, |_| true)
+            .unwrap();
         a.save_session(&sp).unwrap();
         let saved = std::fs::read(&sp).unwrap();
         // A save that dies half way leaves the previous session intact.
         for n in [0u64, 100, saved.len() as u64 / 2] {
-            assert!(a.save_session_with(&sp, Some(SaveFault::CrashAfterBytes(n))).is_err());
+            assert!(
+                a.save_session_with(&sp, Some(SaveFault::CrashAfterBytes(n)))
+                    .is_err()
+            );
             assert_eq!(std::fs::read(&sp).unwrap(), saved);
         }
         drop(a);
@@ -323,7 +336,7 @@ fn session_resumes_to_the_uninterrupted_ids_and_rejects_mismatches() {
         assert_eq!(got, want, "streams={streams}: resumed ids differ");
         // Another page size is another layout: refused, naming it.
         let mut other = opts(None, 32, &dir);
-        other.gpu.budget = o.gpu.budget;
+        other.gpu.budget = streams.then(|| min_budget(&gguf, &other));
         let mut c = engine(&gguf, &path, &other, IoMode::Mmap);
         let err = c.resume(&s, &second).unwrap_err();
         assert!(
@@ -359,21 +372,4 @@ fn plan_sizes_are_allocated_exactly() {
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-#[test]
-fn debug_plan_sizes() {
-    let dir = scratch("dbg");
-    let (gguf, _path) = model(&dir);
-    let base = opts(None, 1, &dir);
-    let min = min_budget(&gguf, &base);
-    let mut o = base.clone();
-    o.gpu.budget = Some(min);
-    let cfg = flashlm::model::config::ModelConfig::from_gguf(&gguf).unwrap();
-    let p = flashlm::plan::ExecPlan::new(&gguf, &cfg, 128 << 20, &o.plan_options()).unwrap();
-    eprintln!("{:#?}", p.kv);
-    eprintln!("sizes {:?} norms {} params {} total {}", p.sizes, p.norms, p.params, p.total);
-    eprintln!("placement {:?}", p.placement);
-    let e = Engine::new(gguf.clone(), &o);
-    eprintln!("{:?}", e.err());
 }

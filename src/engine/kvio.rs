@@ -32,34 +32,40 @@ impl Engine {
             return Ok(());
         };
         let p = self.map.page_of(n);
+        // The pages at home for the next write (top = the page of position n - 1) must hold
+        // their own data: bring back from the page file those whose slot holds another page.
+        let mut restore = Vec::new();
+        if n > 0 {
+            let top = self.map.page_of(n - 1);
+            for q in 0..=top {
+                if !self.map.is_home(q, top) {
+                    continue;
+                }
+                let slot = self.map.home_slot(q);
+                if self.seq.slot_owner.get(slot as usize) == Some(&q) {
+                    continue;
+                }
+                // Every full page is in the page file.
+                if q >= self.seq.written {
+                    return Err(EngineError::Transfer(format!(
+                        "KV page {q} is neither at home nor in the page file"
+                    )));
+                }
+                restore.push((q, slot));
+            }
+        }
+        let restored = self.restore_pages(&restore);
         // Pages from `p` on change from here: forget their copies.
         store.drop_pages(0, p);
         self.io_
             .cache
             .remove_where(KV_KEYS, |a, b| (a >> 32) == 0 && b >= p as u64);
         self.seq.written = self.seq.written.min(p);
-        if n == 0 {
-            return Ok(());
-        }
-        // The pages at home for the next write (top = p) must hold their own data.
-        let top = self.map.page_of(n - 1);
-        let mut restore = Vec::new();
-        for q in 0..=top {
-            if !self.map.is_home(q, top) {
-                continue;
-            }
-            let slot = self.map.home_slot(q);
-            if self.seq.slot_owner.get(slot as usize) == Some(&q) {
-                continue;
-            }
-            // Pages below `written` are in the page file (all full pages are).
-            if q >= self.seq.written {
-                return Err(EngineError::Transfer(format!(
-                    "KV page {q} is neither at home nor in the page file"
-                )));
-            }
-            restore.push((q, slot));
-        }
+        restored
+    }
+
+    /// Read pages (page, home slot) of every layer from the page file into their home slots.
+    fn restore_pages(&mut self, restore: &[(u32, u32)]) -> Result<(), EngineError> {
         if restore.is_empty() {
             return Ok(());
         }
@@ -68,7 +74,7 @@ impl Engine {
                 Priority::HotKv,
                 0,
                 l as u32,
-                restore.clone(),
+                restore.to_vec(),
                 self.plan.kv.page_bytes,
                 self.layers[l].home.buffer.clone(),
                 Admit::Pinned,
@@ -77,7 +83,7 @@ impl Engine {
                 .map_err(|e| EngineError::Transfer(e.to_string()))?
                 .map_err(EngineError::Transfer)?;
         }
-        for &(q, slot) in &restore {
+        for &(q, slot) in restore {
             if let Some(o) = self.seq.slot_owner.get_mut(slot as usize) {
                 *o = q;
             }
