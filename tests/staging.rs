@@ -38,7 +38,9 @@ fn ring_uploads_exact_bytes_over_many_chunks() {
         .upload(&ctx, data.as_slice(), 7, 250_003, &dst, 1024)
         .unwrap();
     assert_eq!(stats.bytes, 250_003);
-    assert_eq!(stats.chunks, 250_003u64.div_ceil(4096) as u32);
+    // Slots hold 4 KiB plus 4 KiB of slack, packed full.
+    assert_eq!(stats.chunks, 250_003u64.div_ceil(8192) as u32);
+    assert_eq!(stats.wraps, 250_003u64.div_ceil(3 * 8192) as u32 - 1);
     let back = ctx.read_buffer(&dst, 1024 + 250_003).unwrap();
     assert!(back[..1024].iter().all(|&b| b == 0));
     assert_eq!(&back[1024..], &data[7..7 + 250_003]);
@@ -210,4 +212,58 @@ fn batch_larger_than_the_ring_is_exact_and_recovers_from_errors() {
     ring.upload(&ctx, data.as_slice(), 7, 40_000, &b, 0)
         .unwrap();
     assert_eq!(ctx.read_buffer(&b, 40_000).unwrap(), &data[7..40_007]);
+}
+
+#[test]
+fn a_ring_sized_for_a_layer_holds_the_layer() {
+    use flashlm::gpu::staging::{UploadReq, slots_for};
+    let Some(ctx) = common::gpu() else { return };
+    // A "layer" of 10 chunks' worth of odd-sized tensors, more pieces than slots: packed, they
+    // fit a ring of slots_for(bytes) slots without the batch wrapping onto itself.
+    let chunk = 16 * 1024;
+    let sizes = [
+        23_001u64, 7, 40_000, 5_003, 1, 33_333, 12_288, 9_999, 17, 30_000, 4_095, 3,
+    ];
+    let total: u64 = sizes.iter().sum();
+    let data = random_bytes(total as usize, 8);
+    let dst = ctx
+        .storage("layer", total + 4 * sizes.len() as u64)
+        .unwrap();
+    let mut reqs = Vec::new();
+    let mut off = 0u64;
+    let mut at = 0u64;
+    for &n in &sizes {
+        reqs.push(UploadReq {
+            src_offset: off,
+            len: n,
+            dst: &dst,
+            dst_offset: at,
+        });
+        off += n;
+        at += n.div_ceil(4) * 4;
+    }
+    let slots = slots_for(total, sizes.len() as u64, chunk);
+    assert!(slots < sizes.len(), "fewer slots than pieces: {slots}");
+    let mut ring = StagingRing::new(&ctx, slots, chunk).unwrap();
+    let st = ring.upload_batch(&ctx, data.as_slice(), &reqs).unwrap();
+    assert_eq!(st.wraps, 0, "a layer-sized ring must hold the layer");
+    assert_eq!(st.bytes, total);
+    let back = ctx.read_buffer(&dst, at).unwrap();
+    let mut off = 0usize;
+    let mut at = 0usize;
+    for &n in &sizes {
+        let n = n as usize;
+        assert_eq!(&back[at..at + n], &data[off..off + n]);
+        off += n;
+        at += n.div_ceil(4) * 4;
+    }
+    // One slot fewer and the batch must wrap.
+    let mut small = StagingRing::new(&ctx, slots - 1, chunk).unwrap();
+    assert!(
+        small
+            .upload_batch(&ctx, data.as_slice(), &reqs)
+            .unwrap()
+            .wraps
+            >= 1
+    );
 }

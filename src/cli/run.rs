@@ -172,6 +172,17 @@ pub fn run(cli: &Cli, a: &RunArgs) -> CliResult<()> {
             "peak_device_bytes": stats.peak_device_bytes,
             "overlap_efficiency": stats.overlap_efficiency,
             "upload_gb_s": stats.upload_gb_s,
+            "flash_to_gpu_gb_s": stats.flash_to_gpu_gb_s,
+            "upload_bytes_per_token": stats.upload_bytes_per_token,
+            "io_wait_share": stats.io_wait_share,
+            "io_s": stats.io_s,
+            "read_s": stats.read_s,
+            "compute_s": stats.compute_s,
+            "prompt_tokens": stats.prompt_tokens,
+            "generated_tokens": stats.generated_tokens,
+            "kv_bytes_written_per_token": stats.kv_bytes_written_per_token,
+            "kv_flash_bytes_per_token": stats.kv_flash_bytes_per_token,
+            "kv_hit_rate": stats.kv_hit_rate,
         });
         std::fs::write(p, serde_json::to_string_pretty(&j)?)
             .map_err(|e| format!("writing {}: {e}", p.display()))?;

@@ -264,6 +264,7 @@ impl StagingRing {
             enc: None,
             held: Vec::new(),
             cur: None,
+            base: 0,
         };
         let res = self.pack(ctx, src, reqs, &mut b, &mut stats);
         match res {
@@ -296,7 +297,7 @@ impl StagingRing {
                 let src_at = r.src_offset + done;
                 // Where the piece would start in the current slot (4-aligned, or congruent to
                 // its source offset for sources that prefer it).
-                let start = b.cur.map(|(_, c)| place(c, src_at, align, cap));
+                let start = b.cur.map(|(_, c)| place(c, src_at, align, cap, b.base));
                 let room = start.map(|s| cap.saturating_sub(s)).unwrap_or(0);
                 if room < 4.min(r.len - done).max(4) {
                     self.close_slot(b);
@@ -311,6 +312,7 @@ impl StagingRing {
                     stats.wait_s += t_wait.elapsed().as_secs_f64();
                     b.held.push(i);
                     b.cur = Some((i, 0));
+                    b.base = if align > 4 { self.base_addr(i)? } else { 0 };
                     continue;
                 }
                 let Some((i, _)) = b.cur else { continue };
@@ -354,10 +356,13 @@ impl StagingRing {
         at: u64,
     ) -> Result<(), StagingError> {
         let padded = n.div_ceil(4) * 4;
+        // Mapped views start at multiples of 8; the piece starts `lead` bytes into its view.
+        let view_at = at & !7;
+        let lead = (at - view_at) as usize;
         let slot = &self.slots[i];
         let mut view = slot
             .buf
-            .slice(at..at + padded)
+            .slice(view_at..at + padded)
             .get_mapped_range_mut()
             .map_err(|e| GpuError::MapFailed(e.to_string()))?;
         let mut w = view.slice(..);
@@ -368,6 +373,7 @@ impl StagingRing {
         // write into the slice (file reads, copies), so no read of write-combined memory
         // happens; this lets the file be read straight into staging memory.
         let bytes: &mut [u8] = unsafe { std::slice::from_raw_parts_mut(ptr.as_ptr(), len) };
+        let bytes = &mut bytes[lead..];
         bytes[n as usize..].fill(0);
         src.read_into(src_at, &mut bytes[..n as usize])
             .map_err(|source| StagingError::Read {
@@ -375,6 +381,17 @@ impl StagingRing {
                 len: n,
                 source,
             })
+    }
+
+    /// Host address where slot `i`'s mapped memory starts.
+    fn base_addr(&self, i: usize) -> Result<u64, StagingError> {
+        let mut view = self.slots[i]
+            .buf
+            .slice(0..8)
+            .get_mapped_range_mut()
+            .map_err(|e| GpuError::MapFailed(e.to_string()))?;
+        let mut w = view.slice(..);
+        Ok(w.as_raw_element_ptr().as_ptr() as u64)
     }
 
     /// Unmap the slot being filled, if any (its copies are recorded; it is held until submit).
@@ -418,14 +435,16 @@ pub fn slots_for(bytes: u64, pieces: u64, chunk: u64) -> usize {
     (bytes + 3 * pieces).div_ceil(chunk).max(1) as usize
 }
 
-/// Where a piece from source offset `src_at` starts in a slot whose cursor is `cursor`.
-fn place(cursor: u64, src_at: u64, align: u64, cap: u64) -> u64 {
+/// Where a piece from source offset `src_at` starts in a slot whose cursor is `cursor` and whose
+/// mapped memory starts at host address `base`.
+fn place(cursor: u64, src_at: u64, align: u64, cap: u64, base: u64) -> u64 {
     let c = cursor.div_ceil(4) * 4;
     if align <= 4 {
         return c;
     }
-    // The staging buffers are page aligned, so addresses follow offsets.
-    let want = c + (src_at % align + align - c % align) % align;
+    // The piece's host address congruent to its source offset modulo `align`.
+    let addr = base + c;
+    let want = c + (src_at % align + align - addr % align) % align;
     if want.is_multiple_of(4) && want < cap {
         want
     } else {
@@ -438,6 +457,8 @@ struct Batch {
     held: Vec<usize>,
     /// The slot being filled and its cursor.
     cur: Option<(usize, u64)>,
+    /// Host address of the slot's mapped memory (for sources that prefer an alignment).
+    base: u64,
 }
 
 /// One range for [`StagingRing::upload_batch`].
