@@ -67,7 +67,7 @@ fn attend(ctx: &GpuContext, c: &Case, seed: u64, round_splits: u32) -> (Vec<f32>
     let mut stream_n = 0u32;
     let mut slots = Vec::new();
     for _ in 0..n_pages {
-        if place.next_u64() % 2 == 0 {
+        if place.next_u64().is_multiple_of(2) {
             slots.push(home_n);
             home_n += 1;
         } else {

@@ -16,7 +16,7 @@ pub fn bench(cli: &Cli, b: &BenchArgs) -> CliResult<()> {
         } => {
             let path = resolve_model(&model.model)?;
             let m = load_model(&path)?;
-            let base = engine_options(&cli, model, m.cfg.n_layers)?;
+            let base = engine_options(cli, model, m.cfg.n_layers)?;
             let budgets = if budgets.is_empty() {
                 // Half the model: the streaming minimum plus half the weight bytes.
                 let weights: u64 = m
@@ -58,7 +58,7 @@ pub fn bench(cli: &Cli, b: &BenchArgs) -> CliResult<()> {
             let m = load_model(&path)?;
             let report = crate::bench::resident(
                 m.gguf.clone(),
-                &engine_options(&cli, model, m.cfg.n_layers)?,
+                &engine_options(cli, model, m.cfg.n_layers)?,
                 &m.tokenizer,
                 (*runs).max(1),
             )?;

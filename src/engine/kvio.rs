@@ -7,6 +7,9 @@ use crate::flash::queue::Priority;
 use super::upload::KV_KEYS;
 use super::{Engine, EngineError};
 
+/// Fills page `p` of layer `l` (the bytes of a page, K rows then V rows).
+pub type PageSource<'a> = dyn FnMut(usize, u32, &mut [u8]) -> Result<(), EngineError> + 'a;
+
 impl Engine {
     /// Drop cached positions from `n` on (to rewind a conversation).
     pub fn truncate(&mut self, n: usize) {
@@ -123,7 +126,7 @@ impl Engine {
     pub fn place_pages(
         &mut self,
         tokens: &[u32],
-        page: &mut dyn FnMut(usize, u32, &mut [u8]) -> Result<(), EngineError>,
+        page: &mut PageSource<'_>,
     ) -> Result<(), EngineError> {
         self.try_truncate(0)?;
         if tokens.is_empty() {

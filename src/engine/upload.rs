@@ -105,10 +105,6 @@ impl Uploader {
         &self.source
     }
 
-    pub fn has_ring(&self) -> bool {
-        self.ring.is_some()
-    }
-
     /// Queue weight ranges of the model file.
     pub fn weights(&self, reqs: Vec<OwnedReq>, hints: Vec<(u64, u64)>) -> Ticket<JobResult> {
         let ring = self.ring.clone();
@@ -169,12 +165,12 @@ impl Uploader {
                 let mut pf = pre.lock().unwrap_or_else(|p| p.into_inner());
                 for (i, &(page, _)) in loads.iter().enumerate() {
                     let dst = &mut host[i * pb..(i + 1) * pb];
-                    if let Some(b) = pf.remove(&(layer, page)) {
-                        if b.len() == pb {
-                            dst.copy_from_slice(&b);
-                            kv.prefetch_hits += 1;
-                            continue;
-                        }
+                    if let Some(b) = pf.remove(&(layer, page))
+                        && b.len() == pb
+                    {
+                        dst.copy_from_slice(&b);
+                        kv.prefetch_hits += 1;
+                        continue;
                     }
                     if cache.budget() > 0 && cache.get(kv_key(seq, layer, page), dst) {
                         kv.host_hits += 1;

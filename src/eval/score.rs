@@ -31,10 +31,12 @@ pub fn perplexity(
         let first = first_scored(toks.len());
         let mut err = None;
         let mut score = |j: usize, logits: &[f32], acc: &mut PplAccumulator| {
-            if j >= first && j + 1 < toks.len() && err.is_none() {
-                if let Err(e) = acc.add_logits(logits, toks[j + 1]) {
-                    err = Some(e);
-                }
+            if j >= first
+                && j + 1 < toks.len()
+                && err.is_none()
+                && let Err(e) = acc.add_logits(logits, toks[j + 1])
+            {
+                err = Some(e);
             }
         };
         if stepwise {

@@ -299,7 +299,7 @@ impl StagingRing {
                 // its source offset for sources that prefer it).
                 let start = b.cur.map(|(_, c)| place(c, src_at, align, cap, b.base));
                 let room = start.map(|s| cap.saturating_sub(s)).unwrap_or(0);
-                if room < 4.min(r.len - done).max(4) {
+                if room < 4 {
                     self.close_slot(b);
                     let i = self.next;
                     if b.held.contains(&i) {

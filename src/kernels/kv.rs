@@ -253,6 +253,7 @@ pub fn page_meta(
 }
 
 /// Upper bounds of q . k per (page, head) for the pages counted in the table header.
+#[allow(clippy::too_many_arguments)]
 pub fn page_score(
     ctx: &GpuContext,
     step: &wgpu::Buffer,
