@@ -371,3 +371,11 @@ impl Engine {
         Ok(())
     }
 }
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        // Queued uploads copy into buffers this engine owns: let them finish first.
+        let _ = self.io_.queue.drain();
+        let _ = self.ctx.wait();
+    }
+}

@@ -129,6 +129,12 @@ impl TransferQueue {
         Ticket { rx }
     }
 
+    /// Wait until every job queued so far has run.
+    pub fn drain(&self) -> Result<(), JobLost> {
+        // The lowest priority runs after everything queued before it.
+        self.submit(Priority::ColdKv, || ()).wait()
+    }
+
     /// Jobs waiting to run.
     pub fn pending(&self) -> usize {
         self.lock().heap.len()
