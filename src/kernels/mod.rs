@@ -128,13 +128,10 @@ pub fn upload_weight(
         problem,
     };
     let rb = row_bytes(ty, cols).ok_or_else(|| shape(format!("{label}: row size overflows")))?;
-    if ty != GgmlType::F32
-        && ty != GgmlType::F16
-        && ty != GgmlType::BF16
-        && !cols.is_multiple_of(32)
-    {
+    if !u64::from(cols).is_multiple_of(ty.block_len()) {
         return Err(shape(format!(
-            "{label}: {cols} columns is not a multiple of 32"
+            "{label}: {cols} columns is not a multiple of the {ty} block length {}",
+            ty.block_len()
         )));
     }
     if data.len() as u64 != rows as u64 * rb as u64 {
@@ -180,7 +177,21 @@ fn type_flag(ty: GgmlType) -> &'static str {
         GgmlType::Q4_0 => "Q4_0",
         GgmlType::Q4_1 => "Q4_1",
         GgmlType::Q8_0 => "Q8_0",
+        GgmlType::Q5_0 => "Q5_0",
+        GgmlType::Q5_1 => "Q5_1",
+        GgmlType::Q2_K => "Q2_K",
+        GgmlType::Q3_K => "Q3_K",
+        GgmlType::Q4_K => "Q4_K",
+        GgmlType::Q5_K => "Q5_K",
+        GgmlType::Q6_K => "Q6_K",
+        GgmlType::IQ4_NL => "IQ4_NL",
+        GgmlType::IQ4_XS => "IQ4_XS",
     }
+}
+
+/// True for the types whose decoders live in `shaders/matmul_quant.wgsl` (flag `EXT`).
+fn ext_type(ty: GgmlType) -> bool {
+    ty.is_quantized() && !matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0)
 }
 
 fn params_buffer<T: Pod>(ctx: &GpuContext, label: &str, p: &T) -> Result<GpuBuffer, GpuError> {
@@ -346,6 +357,17 @@ pub fn matmul_part(
 ) -> Result<Dispatch, KernelError> {
     let tt = io.token_tile.max(1);
     let layout = ctx.matmul_layout;
+    if !u64::from(w.cols).is_multiple_of(w.ty.block_len()) {
+        return Err(KernelError::Shape {
+            kernel: "matmul",
+            problem: format!(
+                "{} columns is not a multiple of the {} block length {}",
+                w.cols,
+                w.ty,
+                w.ty.block_len()
+            ),
+        });
+    }
     if layout.tpr > 1 && tt > layout.tpr {
         return Err(KernelError::Shape {
             kernel: "matmul",
@@ -360,8 +382,10 @@ pub fn matmul_part(
     if layout.tpr > 1 {
         defines = defines.flag("REDUCE");
     }
-    let quantized = matches!(w.ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0);
-    if quantized
+    if ext_type(w.ty) {
+        defines = defines.flag("EXT");
+    }
+    if w.ty.is_quantized()
         && layout.tpr == 1
         && tt <= 8
         && io.x_offset.is_multiple_of(4)
