@@ -127,13 +127,13 @@ pub fn upload_weight(
         kernel: "upload_weight",
         problem,
     };
-    let rb = row_bytes(ty, cols).ok_or_else(|| shape(format!("{label}: row size overflows")))?;
     if !u64::from(cols).is_multiple_of(ty.block_len()) {
         return Err(shape(format!(
             "{label}: {cols} columns is not a multiple of the {ty} block length {}",
             ty.block_len()
         )));
     }
+    let rb = row_bytes(ty, cols).ok_or_else(|| shape(format!("{label}: row size overflows")))?;
     if data.len() as u64 != rows as u64 * rb as u64 {
         return Err(shape(format!(
             "{label}: {} bytes given, {} expected",
@@ -189,9 +189,17 @@ fn type_flag(ty: GgmlType) -> &'static str {
     }
 }
 
-/// True for the types whose decoders live in `shaders/matmul_quant.wgsl` (flag `EXT`).
-fn ext_type(ty: GgmlType) -> bool {
-    ty.is_quantized() && !matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0)
+/// The matrix kernel's defines that select the weight type: its name, plus `EXT` for the types
+/// decoded in `shaders/matmul_quant.wgsl` and `SUPER` for the 256-weight super-block types.
+pub fn weight_type_defines(ty: GgmlType) -> Defines {
+    let mut d = Defines::new().flag(type_flag(ty));
+    if ty.is_quantized() && !matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0) {
+        d = d.flag("EXT");
+        if ty.block_len() > 32 {
+            d = d.flag("SUPER");
+        }
+    }
+    d
 }
 
 fn params_buffer<T: Pod>(ctx: &GpuContext, label: &str, p: &T) -> Result<GpuBuffer, GpuError> {
@@ -374,16 +382,12 @@ pub fn matmul_part(
             problem: format!("token tile {tt} exceeds {} threads per row", layout.tpr),
         });
     }
-    let mut defines = Defines::new()
-        .flag(type_flag(w.ty))
+    let mut defines = weight_type_defines(w.ty)
         .val("ROWS_PER_WG", format!("{}u", layout.rows_per_wg))
         .val("TPR", format!("{}u", layout.tpr))
         .val("TT", format!("{tt}u"));
     if layout.tpr > 1 {
         defines = defines.flag("REDUCE");
-    }
-    if ext_type(w.ty) {
-        defines = defines.flag("EXT");
     }
     if w.ty.is_quantized()
         && layout.tpr == 1
