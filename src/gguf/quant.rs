@@ -190,8 +190,10 @@ fn blocks<const N: usize>(src: &[f32], out: &mut Vec<u8>, f: impl Fn(&[f32; N], 
     }
 }
 
-/// Encode values into `ty`'s blocks (reference quantizer, used by tests and tiny test models).
-/// `src.len()` must be a multiple of the block length.
+/// Encode values into `ty`'s blocks (used by tests and tiny test models). `src.len()` must be
+/// a multiple of the block length. `Q4_0`, `Q4_1`, `Q5_0`, `Q5_1` and `Q8_0` follow ggml's
+/// reference quantizers bit for bit; the K-quants and IQ4 types use the simpler covering-scale
+/// quantizers described in their modules (valid blocks, but not the bytes ggml would write).
 ///
 /// # Panics
 /// If `src.len()` is not a whole number of blocks.
