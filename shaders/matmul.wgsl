@@ -6,14 +6,15 @@
 // With TT = 1 this is the decode matrix-vector product; with TT > 1 every weight unit read is
 // reused across TT tokens (prefill).
 //
-// Defines: one of F32 / F16 / BF16 / Q4_0 / Q4_1 / Q8_0; ROWS_PER_WG, TPR (power of two), TT;
+// Defines: one of F32 / F16 / BF16 / Q4_0 / Q4_1 / Q8_0, or EXT with one of the types decoded in
+// matmul_quant.wgsl (included at the end); ROWS_PER_WG, TPR (power of two), TT;
 // ACC (add into Y: fused residual); SWIGLU (a second weight W2 and Y = silu(W X) * (W2 X));
 // REDUCE (TPR > 1: lanes of a row combine through workgroup memory); RAGGED (float types whose
 // row length may not be a multiple of 8).
 //
 // BLOCKS (quantized types, TPR = 1, TT <= 8, X offset and stride multiples of 4): a separate
-// entry body where each thread walks its row one whole 32-weight block at a time, loading the
-// block's words once, and reads X as vec4s. With SHARE_X as well (8-wide subgroups) each lane
+// entry body where each thread walks its row one whole 32-weight block (or 32-weight chunk of a
+// super-block) at a time, loading the block's words once, and reads X as vec4s. With SHARE_X as well (8-wide subgroups) each lane
 // of a subgroup loads one vec4 of the block's 32 X values and subgroup broadcasts hand them to
 // the other lanes, so a block costs one X load per lane and token instead of eight.
 
@@ -102,6 +103,9 @@ struct Unit {
 
 // The 8 weights of row r, columns [8u, 8u + 8).
 fn load_unit(s: u32, r: u32, u: u32) -> Unit {
+#ifdef EXT
+    return ext_unit(s, r, u);
+#else
     let rb = r * p.row_bytes;
 #ifdef Q4_1
     // Block: f16 d, f16 m, 16 bytes; byte j holds elements j (low) and j + 16 (high).
@@ -157,6 +161,7 @@ fn load_unit(s: u32, r: u32, u: u32) -> Unit {
         }
     }
     return Unit(vec4<f32>(v[0], v[1], v[2], v[3]), vec4<f32>(v[4], v[5], v[6], v[7]));
+#endif
 #endif
 }
 
@@ -301,8 +306,13 @@ fn shifted(odd: bool, w0: u32, w1: u32) -> u32 {
     return select((w0 >> 16u) | (w1 << 16u), w1, odd);
 }
 
-// The block at byte offset b (even) of weight s.
-fn load_block(s: u32, b: u32) -> Blk {
+#ifndef SUPER
+// Block k of the row at byte offset rb of weight s.
+fn load_block(s: u32, rb: u32, k: u32) -> Blk {
+#ifdef EXT
+    return ext_block(s, rb, k);
+#else
+    let b = rb + k * BLOCK_BYTES;
     let i = b >> 2u;
 #ifdef Q4_1
     // f16 d, f16 m, 16 bytes; byte j holds elements j (low nibble) and j + 16 (high).
@@ -359,7 +369,9 @@ fn load_block(s: u32, b: u32) -> Blk {
         vec4<f32>(unpack4xI8(shifted(odd, w7, w8))) * d
     );
 #endif
+#endif
 }
+#endif
 
 // The block's X values starting at vec4 index i.
 fn x_block(i: u32, lane: u32) -> Xb {
@@ -434,13 +446,32 @@ fn main(
     var s6 = vec2<f32>(0.0);
     var s7 = vec2<f32>(0.0);
     let n_blocks = p.cols / 32u;
+#ifdef SUPER
+    // Super-block fields shared by several chunks, loaded when a new group of chunks starts.
+    var hd: Hdr;
+    var hd2: Hdr;
+#endif
     for (var k = 0u; k < n_blocks; k++) {
-        let b = rb + k * BLOCK_BYTES;
-        let wb = load_block(0u, b);
+#ifdef SUPER
+        if ((k % HDR_EVERY) == 0u) {
+            hd = ext_header(0u, rb, k);
 #ifdef SWIGLU
-        let wb2 = load_block(1u, b);
+            hd2 = ext_header(1u, rb, k);
+#endif
+        }
+        let wb = ext_chunk(0u, hd, k);
+#ifdef SWIGLU
+        let wb2 = ext_chunk(1u, hd2, k);
 #else
         let wb2 = wb;
+#endif
+#else
+        let wb = load_block(0u, rb, k);
+#ifdef SWIGLU
+        let wb2 = load_block(1u, rb, k);
+#else
+        let wb2 = wb;
+#endif
 #endif
         let c = k * 8u;
         s0 += token(wb, wb2, x0 + c, lane);
@@ -508,3 +539,5 @@ fn store(t: u32, r: u32, v: f32, v2: f32) {
     y[yo] = o;
 #endif
 }
+
+#include "matmul_quant"

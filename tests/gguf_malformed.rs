@@ -58,7 +58,7 @@ use flashlm::gguf::{GgufError, GgufWriter, MetaValue, value_type};
 
 const F32: u32 = 0;
 const Q4_1: u32 = 3;
-const Q6_K: u32 = 14;
+const Q8_K: u32 = 15;
 
 /// A GGUF header with the given counts.
 fn header(version: u32, n_tensors: u64, n_kv: u64) -> Vec<u8> {
@@ -376,22 +376,22 @@ fn unknown_tensor_types() {
 
 #[test]
 fn known_unsupported_tensor_types() {
-    let err = parse_err(one_tensor(&[256], Q6_K, 0, 256));
+    let err = parse_err(one_tensor(&[256], Q8_K, 0, 256));
     assert!(
         matches!(
             err,
             GgufError::UnsupportedTensorType {
-                ty: "Q6_K",
+                ty: "Q8_K",
                 offset: 45,
                 ..
             }
         ),
         "{err:?}"
     );
-    assert!(err.to_string().contains("Q6_K"), "{err}");
+    assert!(err.to_string().contains("Q8_K"), "{err}");
     for (id, name) in [
-        (6, "Q5_0"),
-        (12, "Q4_K"),
+        (9, "Q8_1"),
+        (18, "IQ3_XXS"),
         (16, "IQ2_XXS"),
         (28, "F64"),
         (39, "MXFP4"),
@@ -662,6 +662,22 @@ fn row_not_a_whole_number_of_blocks() {
     // Rows of 32 but 33 rows is fine: only the row length matters.
     let f = GgufFile::from_bytes(one_tensor(&[32, 33], Q4_1, 0, 33 * 20)).unwrap();
     assert_eq!(f.tensors[0].n_bytes, 660);
+    // Super-block types need rows of 256: 32 is not enough for Q6_K (id 14, 210 bytes).
+    let err = parse_err(one_tensor(&[32, 8], 14, 0, 210));
+    assert!(
+        matches!(
+            err,
+            GgufError::BadBlockShape {
+                ty: "Q6_K",
+                ne0: 32,
+                block: 256,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let f = GgufFile::from_bytes(one_tensor(&[512, 3], 14, 0, 6 * 210)).unwrap();
+    assert_eq!(f.tensors[0].n_bytes, 1260);
 }
 
 #[test]

@@ -1,16 +1,17 @@
 //! Every shader variant the engine uses compiles on the adapter.
 mod common;
 
+use flashlm::gguf::GgmlType;
 use flashlm::gpu::Defines;
+use flashlm::kernels::weight_type_defines;
 
 #[test]
 fn all_shader_variants_compile() {
     let Some(ctx) = common::gpu() else { return };
-    for ty in ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0"] {
+    for ty in GgmlType::ALL {
         for tt in [1, 8] {
             for extra in [None, Some("ACC"), Some("SWIGLU")] {
-                let mut d = Defines::new()
-                    .flag(ty)
+                let mut d = weight_type_defines(ty)
                     .val("ROWS_PER_WG", "4u")
                     .val("TPR", "16u")
                     .val("TT", format!("{tt}u"));
@@ -24,15 +25,14 @@ fn all_shader_variants_compile() {
         }
     }
     // The thread-per-row block path of the quantized types, with and without shared X.
-    for ty in ["Q4_0", "Q4_1", "Q8_0"] {
+    for ty in GgmlType::ALL.into_iter().filter(|t| t.is_quantized()) {
         for tt in [1, 8] {
             for extra in [None, Some("ACC"), Some("SWIGLU")] {
                 for share in [false, true] {
                     if share && !ctx.subgroups8 {
                         continue;
                     }
-                    let mut d = Defines::new()
-                        .flag(ty)
+                    let mut d = weight_type_defines(ty)
                         .flag("BLOCKS")
                         .val("ROWS_PER_WG", "8u")
                         .val("TPR", "1u")

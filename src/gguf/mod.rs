@@ -136,7 +136,7 @@ pub enum GgufError {
     #[error("tensor {name:?} at byte {offset}: unknown tensor type id {ty}")]
     UnknownTensorType { name: String, offset: u64, ty: u32 },
     #[error(
-        "tensor {name:?} at byte {offset}: type {ty} is not supported yet (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1)"
+        "tensor {name:?} at byte {offset}: type {ty} is not supported yet (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS)"
     )]
     UnsupportedTensorType {
         name: String,

@@ -17,144 +17,22 @@
 //!
 //! In all three `id = 1 / d` is taken from the f32 `d` (0 when `d` is 0) before `d` (and `m`)
 //! are rounded to f16 for storage.
+//!
+//! The other formats live in submodules: `Q5_0` and `Q5_1` (`q5`, ggml's reference quantizers),
+//! the K-quants `Q2_K`..`Q6_K` (`kquant`) and `IQ4_NL`/`IQ4_XS` (`iquant`); their module docs
+//! give the layouts and the (simpler than ggml's) quantizers used for test models.
 
 use half::{bf16, f16};
 
-/// Weights per block of the block-quantized types.
-pub const QK: usize = 32;
+mod iquant;
+mod kquant;
+mod q5;
+#[cfg(test)]
+mod roundtrip_tests;
+mod types;
 
-/// A ggml tensor type known to the reader.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum GgmlType {
-    F32,
-    F16,
-    BF16,
-    Q4_0,
-    Q4_1,
-    Q8_0,
-}
-
-/// The name of any ggml type id that GGUF files may carry, supported or not; `None` for ids
-/// that were never assigned or have been removed (4, 5, 31..=33, 36..=38, 40 and up).
-pub fn ggml_type_name(id: u32) -> Option<&'static str> {
-    Some(match id {
-        0 => "F32",
-        1 => "F16",
-        2 => "Q4_0",
-        3 => "Q4_1",
-        6 => "Q5_0",
-        7 => "Q5_1",
-        8 => "Q8_0",
-        9 => "Q8_1",
-        10 => "Q2_K",
-        11 => "Q3_K",
-        12 => "Q4_K",
-        13 => "Q5_K",
-        14 => "Q6_K",
-        15 => "Q8_K",
-        16 => "IQ2_XXS",
-        17 => "IQ2_XS",
-        18 => "IQ3_XXS",
-        19 => "IQ1_S",
-        20 => "IQ4_NL",
-        21 => "IQ3_S",
-        22 => "IQ2_S",
-        23 => "IQ4_XS",
-        24 => "I8",
-        25 => "I16",
-        26 => "I32",
-        27 => "I64",
-        28 => "F64",
-        29 => "IQ1_M",
-        30 => "BF16",
-        34 => "TQ1_0",
-        35 => "TQ2_0",
-        39 => "MXFP4",
-        _ => return None,
-    })
-}
-
-impl GgmlType {
-    /// Every supported type.
-    pub const ALL: [GgmlType; 6] = [
-        GgmlType::F32,
-        GgmlType::F16,
-        GgmlType::BF16,
-        GgmlType::Q4_0,
-        GgmlType::Q4_1,
-        GgmlType::Q8_0,
-    ];
-
-    /// From the GGUF type id; `Err(Some(name))` for a known but unsupported type, `Err(None)`
-    /// for an unknown id.
-    pub fn from_id(id: u32) -> Result<Self, Option<&'static str>> {
-        match id {
-            0 => Ok(GgmlType::F32),
-            1 => Ok(GgmlType::F16),
-            2 => Ok(GgmlType::Q4_0),
-            3 => Ok(GgmlType::Q4_1),
-            8 => Ok(GgmlType::Q8_0),
-            30 => Ok(GgmlType::BF16),
-            other => Err(ggml_type_name(other)),
-        }
-    }
-    pub fn id(self) -> u32 {
-        match self {
-            GgmlType::F32 => 0,
-            GgmlType::F16 => 1,
-            GgmlType::Q4_0 => 2,
-            GgmlType::Q4_1 => 3,
-            GgmlType::Q8_0 => 8,
-            GgmlType::BF16 => 30,
-        }
-    }
-    pub fn name(self) -> &'static str {
-        match self {
-            GgmlType::F32 => "F32",
-            GgmlType::F16 => "F16",
-            GgmlType::BF16 => "BF16",
-            GgmlType::Q4_0 => "Q4_0",
-            GgmlType::Q4_1 => "Q4_1",
-            GgmlType::Q8_0 => "Q8_0",
-        }
-    }
-    /// Weights per block (1 for plain float types).
-    pub fn block_len(self) -> u64 {
-        match self {
-            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1,
-            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 => QK as u64,
-        }
-    }
-    /// Bytes per block.
-    pub fn block_bytes(self) -> u64 {
-        match self {
-            GgmlType::F32 => 4,
-            GgmlType::F16 | GgmlType::BF16 => 2,
-            GgmlType::Q4_0 => 18,
-            GgmlType::Q4_1 => 20,
-            GgmlType::Q8_0 => 34,
-        }
-    }
-    /// Bytes taken by `n` elements (`n` must be a multiple of `block_len`); `None` on overflow
-    /// or when `n` is not a whole number of blocks.
-    pub fn bytes_for(self, n: u64) -> Option<u64> {
-        let block = self.block_len();
-        if !n.is_multiple_of(block) {
-            return None;
-        }
-        (n / block).checked_mul(self.block_bytes())
-    }
-    /// True for the block-quantized types (`Q4_0`, `Q4_1`, `Q8_0`).
-    pub fn is_quantized(self) -> bool {
-        self.block_len() > 1
-    }
-}
-
-impl std::fmt::Display for GgmlType {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
+pub use iquant::IQ4_TABLE;
+pub use types::{GgmlType, QK, QK_K, ggml_type_name};
 
 fn f16_at(b: [u8; 2]) -> f32 {
     f16::from_bits(u16::from_le_bytes(b)).to_f32()
@@ -232,6 +110,15 @@ pub fn dequantize(ty: GgmlType, src: &[u8], out: &mut [f32]) {
                 }
             }
         }
+        GgmlType::Q5_0 => q5::dequantize_q5_0(src, out),
+        GgmlType::Q5_1 => q5::dequantize_q5_1(src, out),
+        GgmlType::Q2_K => kquant::dequantize_q2_k(src, out),
+        GgmlType::Q3_K => kquant::dequantize_q3_k(src, out),
+        GgmlType::Q4_K => kquant::dequantize_q4_k(src, out),
+        GgmlType::Q5_K => kquant::dequantize_q5_k(src, out),
+        GgmlType::Q6_K => kquant::dequantize_q6_k(src, out),
+        GgmlType::IQ4_NL => iquant::dequantize_iq4_nl(src, out),
+        GgmlType::IQ4_XS => iquant::dequantize_iq4_xs(src, out),
     }
 }
 
@@ -295,8 +182,18 @@ fn quantize_block_q8_0(x: &[f32; QK], out: &mut Vec<u8>) {
     out.extend(x.iter().map(|&v| (v * id).round() as i8 as u8));
 }
 
-/// Encode values into `ty`'s blocks (reference quantizer, used by tests and tiny test models).
-/// `src.len()` must be a multiple of the block length.
+/// Quantize `src` block by block with `f` (`src` holds whole blocks).
+fn blocks<const N: usize>(src: &[f32], out: &mut Vec<u8>, f: impl Fn(&[f32; N], &mut Vec<u8>)) {
+    let (chunks, _) = src.as_chunks::<N>();
+    for b in chunks {
+        f(b, out);
+    }
+}
+
+/// Encode values into `ty`'s blocks (used by tests and tiny test models). `src.len()` must be
+/// a multiple of the block length. `Q4_0`, `Q4_1`, `Q5_0`, `Q5_1` and `Q8_0` follow ggml's
+/// reference quantizers bit for bit; the K-quants and IQ4 types use the simpler covering-scale
+/// quantizers described in their modules (valid blocks, but not the bytes ggml would write).
 ///
 /// # Panics
 /// If `src.len()` is not a whole number of blocks.
@@ -319,16 +216,18 @@ pub fn quantize(ty: GgmlType, src: &[f32]) -> Vec<u8> {
         GgmlType::BF16 => src
             .iter()
             .for_each(|&v| out.extend_from_slice(&bf16::from_f32(v).to_le_bytes())),
-        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 => {
-            let (blocks, _) = src.as_chunks::<QK>();
-            for b in blocks {
-                match ty {
-                    GgmlType::Q4_0 => quantize_block_q4_0(b, &mut out),
-                    GgmlType::Q4_1 => quantize_block_q4_1(b, &mut out),
-                    _ => quantize_block_q8_0(b, &mut out),
-                }
-            }
-        }
+        GgmlType::Q4_0 => blocks(src, &mut out, quantize_block_q4_0),
+        GgmlType::Q4_1 => blocks(src, &mut out, quantize_block_q4_1),
+        GgmlType::Q5_0 => blocks(src, &mut out, q5::quantize_block_q5_0),
+        GgmlType::Q5_1 => blocks(src, &mut out, q5::quantize_block_q5_1),
+        GgmlType::Q8_0 => blocks(src, &mut out, quantize_block_q8_0),
+        GgmlType::IQ4_NL => blocks(src, &mut out, iquant::quantize_block_iq4_nl),
+        GgmlType::Q2_K => blocks(src, &mut out, kquant::quantize_block_q2_k),
+        GgmlType::Q3_K => blocks(src, &mut out, kquant::quantize_block_q3_k),
+        GgmlType::Q4_K => blocks(src, &mut out, kquant::quantize_block_q4_k),
+        GgmlType::Q5_K => blocks(src, &mut out, kquant::quantize_block_q5_k),
+        GgmlType::Q6_K => blocks(src, &mut out, kquant::quantize_block_q6_k),
+        GgmlType::IQ4_XS => blocks(src, &mut out, iquant::quantize_block_iq4_xs),
     }
     out
 }
@@ -386,7 +285,8 @@ mod tests {
             assert_eq!(GgmlType::from_id(ty.id()), Ok(ty));
             assert_eq!(ggml_type_name(ty.id()), Some(ty.name()));
         }
-        assert_eq!(GgmlType::from_id(14), Err(Some("Q6_K")));
+        assert_eq!(GgmlType::from_id(14), Ok(GgmlType::Q6_K));
+        assert_eq!(GgmlType::from_id(9), Err(Some("Q8_1")));
         assert_eq!(GgmlType::from_id(39), Err(Some("MXFP4")));
         for removed in [4, 5, 31, 32, 33, 36, 37, 38, 40, u32::MAX] {
             assert_eq!(GgmlType::from_id(removed), Err(None), "id {removed}");
@@ -475,7 +375,7 @@ mod tests {
 
     #[test]
     fn constant_and_zero_blocks() {
-        let zeros = [0.0f32; 64];
+        let zeros = [0.0f32; 512];
         for ty in GgmlType::ALL {
             assert!(round_trip(ty, &zeros).iter().all(|&v| v == 0.0), "{ty}");
         }
@@ -484,6 +384,8 @@ mod tests {
         let c = [0.75f32; 32];
         assert_eq!(round_trip(GgmlType::Q4_1, &c), c.to_vec());
         assert_eq!(round_trip(GgmlType::Q4_0, &c), c.to_vec());
+        assert_eq!(round_trip(GgmlType::Q5_1, &c), c.to_vec());
+        assert_eq!(round_trip(GgmlType::Q5_0, &c), c.to_vec());
     }
 
     #[test]

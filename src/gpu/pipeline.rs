@@ -4,7 +4,8 @@
 //! Shaders live in `shaders/*.wgsl`. Before compilation each define with a value becomes a
 //! `const NAME = VALUE;` line at the top, `shaders/common.wgsl` (shared declarations) follows,
 //! and `#ifdef NAME` / `#ifndef NAME` / `#else` / `#endif` lines keep or drop the lines between
-//! them.
+//! them. `#include "name"` lines are first replaced by the named shader file (nested up to
+//! [`MAX_INCLUDE_DEPTH`] deep), so included files may hold conditional blocks of their own.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -23,6 +24,7 @@ pub fn shader_source(name: &str) -> Option<&'static str> {
         "attention" => include_str!("../../shaders/attention.wgsl"),
         "elementwise" => include_str!("../../shaders/elementwise.wgsl"),
         "kv" => include_str!("../../shaders/kv.wgsl"),
+        "matmul_quant" => include_str!("../../shaders/matmul_quant.wgsl"),
         _ => return None,
     })
 }
@@ -54,8 +56,36 @@ impl Defines {
     }
 }
 
-/// Apply `defines` to `src`: constants first, then conditional blocks.
+/// How deep `#include`s may nest.
+pub const MAX_INCLUDE_DEPTH: usize = 4;
+
+/// Replace each `#include "name"` line of `src` by the shader file `name`, recursively.
+fn expand_includes(src: &str, depth: usize) -> Result<String, String> {
+    let mut out = String::with_capacity(src.len());
+    for (i, line) in src.lines().enumerate() {
+        let Some(rest) = line.trim_start().strip_prefix("#include") else {
+            out.push_str(line);
+            out.push('\n');
+            continue;
+        };
+        let name = rest
+            .trim()
+            .strip_prefix('"')
+            .and_then(|r| r.strip_suffix('"'))
+            .ok_or_else(|| format!("line {}: expected #include \"name\"", i + 1))?;
+        if depth >= MAX_INCLUDE_DEPTH {
+            return Err(format!("line {}: #include nested too deep", i + 1));
+        }
+        let inc = shader_source(name)
+            .ok_or_else(|| format!("line {}: no shader named {name:?} to include", i + 1))?;
+        out.push_str(&expand_includes(inc, depth + 1)?);
+    }
+    Ok(out)
+}
+
+/// Apply `defines` to `src`: includes first, then constants, then conditional blocks.
 pub fn preprocess(src: &str, defines: &Defines) -> Result<String, String> {
+    let src = expand_includes(src, 0)?;
     let mut out = String::with_capacity(src.len() + 256);
     for (k, v) in &defines.0 {
         if !v.is_empty() {
@@ -189,5 +219,18 @@ mod tests {
         assert_eq!(lines[common..], ["a", "c", "e"]);
         assert!(preprocess("#ifdef A\nx", &Defines::new()).is_err());
         assert!(preprocess("#endif", &Defines::new()).is_err());
+    }
+
+    #[test]
+    fn preprocess_includes() {
+        // The included file's conditional blocks see the same defines.
+        let src = "a\n#include \"matmul_quant\"\nz";
+        let on = preprocess(src, &Defines::new().flag("EXT").flag("Q4_K")).unwrap();
+        let off = preprocess(src, &Defines::new()).unwrap();
+        assert!(on.contains("fn k4_scale_min") && on.contains("fn ext_unit"));
+        assert!(!off.contains("fn k4_scale_min"));
+        assert!(on.trim_end().ends_with('z') && off.contains("\na\n"));
+        assert!(preprocess("#include \"nope\"", &Defines::new()).is_err());
+        assert!(preprocess("#include nope", &Defines::new()).is_err());
     }
 }

@@ -150,9 +150,9 @@ impl WeightLayout {
         };
         let rb =
             row_bytes(ty, cols).ok_or_else(|| shape(format!("{label}: row size overflows")))?;
-        if ty.is_quantized() && !cols.is_multiple_of(ty.block_len() as u32) {
+        if !u64::from(cols).is_multiple_of(ty.block_len()) {
             return Err(shape(format!(
-                "{label}: {cols} columns is not a multiple of the {}-weight block",
+                "{label}: {cols} columns is not a multiple of the {ty} block length {}",
                 ty.block_len()
             )));
         }
@@ -271,7 +271,29 @@ fn type_flag(ty: GgmlType) -> &'static str {
         GgmlType::Q4_0 => "Q4_0",
         GgmlType::Q4_1 => "Q4_1",
         GgmlType::Q8_0 => "Q8_0",
+        GgmlType::Q5_0 => "Q5_0",
+        GgmlType::Q5_1 => "Q5_1",
+        GgmlType::Q2_K => "Q2_K",
+        GgmlType::Q3_K => "Q3_K",
+        GgmlType::Q4_K => "Q4_K",
+        GgmlType::Q5_K => "Q5_K",
+        GgmlType::Q6_K => "Q6_K",
+        GgmlType::IQ4_NL => "IQ4_NL",
+        GgmlType::IQ4_XS => "IQ4_XS",
     }
+}
+
+/// The matrix kernel's defines that select the weight type: its name, plus `EXT` for the types
+/// decoded in `shaders/matmul_quant.wgsl` and `SUPER` for the 256-weight super-block types.
+pub fn weight_type_defines(ty: GgmlType) -> Defines {
+    let mut d = Defines::new().flag(type_flag(ty));
+    if ty.is_quantized() && !matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0) {
+        d = d.flag("EXT");
+        if ty.block_len() > 32 {
+            d = d.flag("SUPER");
+        }
+    }
+    d
 }
 
 fn params_buffer<T: Pod>(ctx: &GpuContext, label: &str, p: &T) -> Result<GpuBuffer, GpuError> {
@@ -437,22 +459,31 @@ pub fn matmul_part(
 ) -> Result<Dispatch, KernelError> {
     let tt = io.token_tile.max(1);
     let layout = ctx.matmul_layout;
+    if !u64::from(w.cols).is_multiple_of(w.ty.block_len()) {
+        return Err(KernelError::Shape {
+            kernel: "matmul",
+            problem: format!(
+                "{} columns is not a multiple of the {} block length {}",
+                w.cols,
+                w.ty,
+                w.ty.block_len()
+            ),
+        });
+    }
     if layout.tpr > 1 && tt > layout.tpr {
         return Err(KernelError::Shape {
             kernel: "matmul",
             problem: format!("token tile {tt} exceeds {} threads per row", layout.tpr),
         });
     }
-    let mut defines = Defines::new()
-        .flag(type_flag(w.ty))
+    let mut defines = weight_type_defines(w.ty)
         .val("ROWS_PER_WG", format!("{}u", layout.rows_per_wg))
         .val("TPR", format!("{}u", layout.tpr))
         .val("TT", format!("{tt}u"));
     if layout.tpr > 1 {
         defines = defines.flag("REDUCE");
     }
-    let quantized = matches!(w.ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0);
-    if quantized
+    if w.ty.is_quantized()
         && layout.tpr == 1
         && tt <= 8
         && io.x_offset.is_multiple_of(4)

@@ -1,0 +1,282 @@
+//! The matrix kernels for the Q5_0, Q5_1, IQ4_NL and super-block (Q2_K..Q6_K, IQ4_XS) weight
+//! types against the CPU reference: every layout, decode (one token per workgroup) and prefill
+//! (8), plain and accumulating, odd row counts (rows of odd block counts also start 2 bytes into
+//! a word for the types whose blocks are not a multiple of 4 bytes), two or three row lengths.
+//!
+//! Weights are random bytes with random finite f16 scale fields, so every code, scale and
+//! sign bit pattern is exercised; the CPU reference multiplies by `quant::dequantize` of the same
+//! bytes (itself checked bit for bit against gguf-py in `tests/quant_oracle.rs`).
+//!
+//! Tolerance: |gpu - cpu| <= 1e-4 * sum_c |w_rc x_tc| + 1e-5, as in `tests/kernels.rs`: f32
+//! accumulation in another order over the same weights (the GPU may also fuse a weight's
+//! `q * scale - min` into one rounding). SwiGLU: 1e-4 * max(|want|, 1) * sqrt(cols).
+mod common;
+
+use common::Rng;
+use flashlm::gguf::{GgmlType, quant};
+use flashlm::gpu::{GpuContext, MatmulLayout};
+use flashlm::kernels::{self, MatmulIo, Step};
+use flashlm::model::reference::ops;
+
+const TYPES: [GgmlType; 9] = [
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::IQ4_NL,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+    GgmlType::IQ4_XS,
+];
+
+const LAYOUTS: [MatmulLayout; 3] = [
+    MatmulLayout::CPU,
+    MatmulLayout::CPU_PLAIN,
+    MatmulLayout::GPU,
+];
+
+/// Byte offsets of a block's f16 fields (scales and mins).
+fn half_fields(ty: GgmlType) -> &'static [usize] {
+    match ty {
+        GgmlType::Q5_0 | GgmlType::IQ4_NL | GgmlType::IQ4_XS => &[0],
+        GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
+        GgmlType::Q2_K => &[80, 82],
+        GgmlType::Q3_K => &[108],
+        GgmlType::Q6_K => &[208],
+        other => panic!("no layout for {other}"),
+    }
+}
+
+/// Random blocks (f16 fields of magnitude 2^-10..2^-4, either sign) and their CPU decode.
+fn random_weight(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> (Vec<u8>, Vec<f32>) {
+    let n = rows * cols;
+    let len = ty.bytes_for(n as u64).unwrap() as usize;
+    let mut bytes: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
+    for block in bytes.chunks_mut(ty.block_bytes() as usize) {
+        for &off in half_fields(ty) {
+            let v = rng.f32().signum() * 2f32.powf(-10.0 + 6.0 * rng.f32().abs());
+            block[off..off + 2].copy_from_slice(&half::f16::from_f32(v).to_le_bytes());
+        }
+    }
+    let deq = quant::dequantize_to_vec(ty, &bytes, n);
+    assert!(deq.iter().all(|v| v.is_finite()));
+    (bytes, deq)
+}
+
+fn step_buffer(ctx: &GpuContext, n_tokens: u32) -> flashlm::gpu::GpuBuffer {
+    let buf = ctx
+        .buffer(
+            "step",
+            16,
+            wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+        )
+        .unwrap();
+    let s = Step {
+        n_tokens,
+        pos0: 0,
+        _pad: [0; 2],
+    };
+    ctx.write(&buf, 0, bytemuck::bytes_of(&s));
+    buf
+}
+
+fn run(ctx: &GpuContext, list: &[kernels::Dispatch], n_tokens: u32) {
+    let mut enc = ctx.device.create_command_encoder(&Default::default());
+    kernels::record_all(&mut enc, list, n_tokens);
+    ctx.queue.submit([enc.finish()]);
+    ctx.wait().unwrap();
+}
+
+fn f32s(v: &[f32]) -> &[u8] {
+    bytemuck::cast_slice(v)
+}
+
+/// Checks Y (less `base`) against W X for every token.
+fn check(y: &[f32], w: &[f32], x: &[f32], rows: usize, cols: usize, base: &[f32], what: &str) {
+    for t in 0..x.len() / cols {
+        let xt = &x[t * cols..(t + 1) * cols];
+        let want = ops::matvec(w, rows, cols, xt);
+        for r in 0..rows {
+            let mag: f32 = (0..cols).map(|c| (w[r * cols + c] * xt[c]).abs()).sum();
+            let tol = 1e-4 * mag + 1e-5;
+            let got = y[t * rows + r] - base[t * rows + r];
+            assert!(
+                (got - want[r]).abs() <= tol,
+                "{what}: token {t} row {r}: gpu {got} cpu {} (tol {tol})",
+                want[r]
+            );
+        }
+    }
+}
+
+fn shapes(ty: GgmlType) -> &'static [(usize, usize)] {
+    if ty.block_len() == 32 {
+        // 3 and 5 blocks per row: odd, so alternate rows of 18- and 22-byte blocks start at
+        // 2 mod 4.
+        &[(37, 96), (5, 160), (19, 64)]
+    } else {
+        &[(37, 256), (5, 768)]
+    }
+}
+
+#[test]
+fn matmul_new_types_every_layout() {
+    let Some(mut ctx) = common::gpu() else { return };
+    let mut rng = Rng(23);
+    for ty in TYPES {
+        for &(rows, cols) in shapes(ty) {
+            let (bytes, deq) = random_weight(&mut rng, ty, rows, cols);
+            let gw =
+                kernels::upload_weight(&ctx, "w", ty, rows as u32, cols as u32, &bytes).unwrap();
+            for layout in LAYOUTS {
+                ctx.matmul_layout = layout;
+                for (t_count, tt) in [(1usize, 1u32), (3, 8), (13, 8), (9, 1)] {
+                    let x = rng.vec(t_count * cols, 1.0);
+                    let xb = ctx.storage_with("x", f32s(&x)).unwrap();
+                    let base = rng.vec(t_count * rows, 1.0);
+                    let zero = vec![0f32; t_count * rows];
+                    for acc in [false, true] {
+                        let yb = ctx.storage_with("y", f32s(&base)).unwrap();
+                        let step = step_buffer(&ctx, t_count as u32);
+                        let io = MatmulIo {
+                            x_stride: cols as u32,
+                            y_stride: rows as u32,
+                            accumulate: acc,
+                            token_tile: tt,
+                            ..Default::default()
+                        };
+                        let list = kernels::matmul(&ctx, &step, &gw, &xb, &yb, io).unwrap();
+                        run(&ctx, &list, t_count as u32);
+                        let y = ctx.read_f32(&yb, t_count * rows).unwrap();
+                        let what =
+                            format!("{ty} {layout:?} {rows}x{cols} T={t_count} tt={tt} acc={acc}");
+                        check(
+                            &y,
+                            &deq,
+                            &x,
+                            rows,
+                            cols,
+                            if acc { &base } else { &zero },
+                            &what,
+                        );
+                    }
+                }
+            }
+        }
+    }
+    ctx.check().unwrap();
+}
+
+#[test]
+fn matmul_new_types_read_x_at_an_offset() {
+    // X rows padded and offset (multiples of 4: the block path; 2: the generic path).
+    let Some(mut ctx) = common::gpu() else { return };
+    let mut rng = Rng(29);
+    for ty in [GgmlType::Q6_K, GgmlType::Q5_0] {
+        let (rows, cols) = (11usize, ty.block_len() as usize * 3);
+        let (bytes, deq) = random_weight(&mut rng, ty, rows, cols);
+        let gw = kernels::upload_weight(&ctx, "w", ty, rows as u32, cols as u32, &bytes).unwrap();
+        for layout in LAYOUTS {
+            ctx.matmul_layout = layout;
+            for (x_offset, pad) in [(4usize, 8usize), (2, 6)] {
+                let t_count = 3;
+                let stride = cols + pad;
+                let xbuf = rng.vec(x_offset + t_count * stride, 1.0);
+                let x: Vec<f32> = (0..t_count)
+                    .flat_map(|t| xbuf[x_offset + t * stride..][..cols].to_vec())
+                    .collect();
+                let xb = ctx.storage_with("x", f32s(&xbuf)).unwrap();
+                let yb = ctx.storage("y", (t_count * rows * 4) as u64).unwrap();
+                let step = step_buffer(&ctx, t_count as u32);
+                for tt in [1, 8] {
+                    let io = MatmulIo {
+                        x_stride: stride as u32,
+                        y_stride: rows as u32,
+                        x_offset: x_offset as u32,
+                        token_tile: tt,
+                        ..Default::default()
+                    };
+                    let list = kernels::matmul(&ctx, &step, &gw, &xb, &yb, io).unwrap();
+                    run(&ctx, &list, t_count as u32);
+                    let y = ctx.read_f32(&yb, t_count * rows).unwrap();
+                    let zero = vec![0f32; t_count * rows];
+                    let what = format!("{ty} {layout:?} offset {x_offset} tt={tt}");
+                    check(&y, &deq, &x, rows, cols, &zero, &what);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_swiglu_k_quants() {
+    let Some(mut ctx) = common::gpu() else { return };
+    let mut rng = Rng(31);
+    for ty in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q5_0] {
+        for layout in LAYOUTS {
+            ctx.matmul_layout = layout;
+            let (rows, cols, t_count) = (45usize, ty.block_len() as usize * 2, 5usize);
+            let quantized = |rng: &mut Rng| {
+                let b = quant::quantize(ty, &rng.vec(rows * cols, 1.0));
+                let d = quant::dequantize_to_vec(ty, &b, rows * cols);
+                (b, d)
+            };
+            let (bg, dg) = quantized(&mut rng);
+            let (bu, du) = quantized(&mut rng);
+            let wg = kernels::upload_weight(&ctx, "g", ty, rows as u32, cols as u32, &bg).unwrap();
+            let wu = kernels::upload_weight(&ctx, "u", ty, rows as u32, cols as u32, &bu).unwrap();
+            let x = rng.vec(t_count * cols, 1.0);
+            let xb = ctx.storage_with("x", f32s(&x)).unwrap();
+            let yb = ctx.storage("y", (t_count * rows * 4) as u64).unwrap();
+            let step = step_buffer(&ctx, t_count as u32);
+            for tt in [1, 8] {
+                let io = MatmulIo {
+                    x_stride: cols as u32,
+                    y_stride: rows as u32,
+                    token_tile: tt,
+                    ..Default::default()
+                };
+                let list = kernels::matmul_swiglu(&ctx, &step, &wg, &wu, &xb, &yb, io).unwrap();
+                run(&ctx, &list, t_count as u32);
+                let y = ctx.read_f32(&yb, t_count * rows).unwrap();
+                for t in 0..t_count {
+                    let xt = &x[t * cols..(t + 1) * cols];
+                    let want = ops::swiglu(
+                        &ops::matvec(&dg, rows, cols, xt),
+                        &ops::matvec(&du, rows, cols, xt),
+                    );
+                    for r in 0..rows {
+                        let tol = 1e-4 * want[r].abs().max(1.0) * (cols as f32).sqrt();
+                        assert!(
+                            (y[t * rows + r] - want[r]).abs() <= tol,
+                            "{ty} {layout:?} tt={tt} t={t} r={r}: {} vs {}",
+                            y[t * rows + r],
+                            want[r]
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn upload_checks_the_row_length_per_type() {
+    let Some(ctx) = common::gpu() else { return };
+    // 256 columns: whole blocks of every type; 96: not whole super-blocks.
+    for ty in TYPES {
+        let ok = vec![0u8; ty.bytes_for(2 * 256).unwrap() as usize];
+        assert!(
+            kernels::upload_weight(&ctx, "w", ty, 2, 256, &ok).is_ok(),
+            "{ty}"
+        );
+        let data = vec![0u8; ty.bytes_for(2 * 96).unwrap_or(512) as usize];
+        let res = kernels::upload_weight(&ctx, "w", ty, 2, 96, &data);
+        assert_eq!(res.is_err(), ty.block_len() == 256, "{ty}");
+    }
+    let err = kernels::upload_weight(&ctx, "w", GgmlType::Q4_K, 1, 96, &[0u8; 512])
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("block length 256"), "{err}");
+}
