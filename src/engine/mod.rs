@@ -317,7 +317,8 @@ impl Engine {
     /// Append `tokens` to the sequence and return the logits after the last one.
     pub fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>, EngineError> {
         let mut last = Vec::new();
-        self.forward_rows(tokens, 0, &mut |_, l| {
+        // Only the last token's logits: score from past the end.
+        self.forward_rows(tokens, tokens.len(), &mut |_, l| {
             last = l.to_vec();
         })?;
         Ok(last)
