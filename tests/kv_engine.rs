@@ -130,7 +130,7 @@ fn paged_exact_equals_contiguous_every_page_size_budget_and_io_mode() {
     for page in [1u32, 16, 64] {
         let base = opts(None, page, &dir);
         let min = min_budget(&gguf, &base);
-        for budget in [None, Some(min), Some(min + 300_000)] {
+        for budget in [None, Some(min), Some(min + 150_000)] {
             for mode in [IoMode::Mmap, IoMode::Direct] {
                 let o = EngineOptions {
                     gpu: GpuOptions {
@@ -164,6 +164,31 @@ fn paged_exact_equals_contiguous_every_page_size_budget_and_io_mode() {
             }
         }
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn two_part_stream_pool_equals_contiguous() {
+    if common::gpu().is_none() {
+        return;
+    }
+    let dir = scratch("halves");
+    let (gguf, path) = model(&dir);
+    let p = prompt(700, 9);
+    let mut o = opts(None, 1024, &dir);
+    o.ctx = Some(1024);
+    let want = run(&mut engine(&gguf, &path, &o, IoMode::Mmap), &p, 20);
+    o.kv_page = Some(16);
+    o.gpu.budget = Some(min_budget(&gguf, &o) + 100_000);
+    let mut e = engine(&gguf, &path, &o, IoMode::Direct);
+    assert!(
+        e.plan.kv.streams && e.plan.kv.halves == 2,
+        "{:?}",
+        e.plan.kv
+    );
+    let got = run(&mut e, &p, 20);
+    assert!(got.0 == want.0 && got.1 == want.1 && got.2 == want.2);
+    assert!(e.kv_stats.fetch.flash_pages > 0);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -109,6 +109,7 @@ fn attend(ctx: &GpuContext, c: &Case, seed: u64, round_splits: u32) -> (Vec<f32>
         home_pages: max_pages,
         round_splits,
         stream_slots: stream_n,
+        halves: 1,
         kv_dim: kv_dim as u32,
     };
     let mut list = PageList::exact(&map, n_keys - 1);

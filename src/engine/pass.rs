@@ -27,8 +27,9 @@ fn plan_rounds(map: &crate::kv::pages::PageMap, mut list: PageList) -> Vec<Round
     let rounds = map.rounds(list.keys);
     rounds
         .into_iter()
-        .map(|round| {
-            let loads = list.assign_round(&round);
+        .enumerate()
+        .map(|(r, round)| {
+            let loads = list.assign_round(&round, map.round_base(r));
             RoundWork {
                 list: list.clone(),
                 loads,
@@ -247,16 +248,27 @@ impl Engine {
                 exact.clone()
             };
             let n_rounds = work.len();
+            let mut tickets: Vec<Option<Ticket<JobResult>>> = (0..n_rounds).map(|_| None).collect();
+            if !select
+                && !work[0].loads.is_empty()
+                && let Some(tk) = next_kv.take()
+            {
+                tickets[0] = Some(tk);
+            }
+            let halves = self.map.halves;
             for (ri, w) in work.iter().enumerate() {
+                // The next round fills the other half of the pool while this one attends.
+                if halves == 2
+                    && ri + 1 < n_rounds
+                    && tickets[ri + 1].is_none()
+                    && !work[ri + 1].loads.is_empty()
+                {
+                    tickets[ri + 1] = Some(self.queue_kv(Priority::HotKv, l, &work[ri + 1].loads));
+                }
                 if !w.loads.is_empty() {
-                    let tk = match (ri, next_kv.take()) {
-                        (0, Some(tk)) if !select => tk,
-                        (_, other) => {
-                            if let Some(o) = other {
-                                next_kv = Some(o);
-                            }
-                            self.queue_kv(Priority::HotKv, l, &w.loads)
-                        }
+                    let tk = match tickets[ri].take() {
+                        Some(tk) => tk,
+                        None => self.queue_kv(Priority::HotKv, l, &w.loads),
                     };
                     // Submit what is recorded before blocking on the pages.
                     let ready = std::mem::replace(

@@ -26,6 +26,8 @@ pub struct PageMap {
     pub home_pages: u32,
     pub round_splits: u32,
     pub stream_slots: u32,
+    /// Parts of the stream pool rounds alternate between.
+    pub halves: u32,
     pub kv_dim: u32,
 }
 
@@ -37,8 +39,15 @@ impl PageMap {
             home_pages: kv.home_pages,
             round_splits: kv.round_splits.max(1),
             stream_slots: kv.stream_slots,
+            halves: kv.halves.max(1),
             kv_dim: kv.kv_dim,
         }
+    }
+
+    /// The first stream-pool slot of round `r`.
+    pub fn round_base(&self, r: usize) -> u32 {
+        let half = self.stream_slots / self.halves.max(1);
+        (r as u32 % self.halves.max(1)) * half
     }
 
     /// Whether every page has a home slot (nothing ever leaves the device).
@@ -163,10 +172,10 @@ impl PageList {
         Self { entries, keys }
     }
 
-    /// Give the streamed pages of `round` stream-pool slots (in list order); returns the pages
-    /// to bring in, with their slots.
-    pub fn assign_round(&mut self, round: &Round) -> Vec<(u32, u32)> {
-        let mut next = 0u32;
+    /// Give the streamed pages of `round` stream-pool slots (in list order, from `first_slot`);
+    /// returns the pages to bring in, with their slots.
+    pub fn assign_round(&mut self, round: &Round, first_slot: u32) -> Vec<(u32, u32)> {
+        let mut next = first_slot;
         let mut loads = Vec::new();
         for (i, e) in self.entries.iter_mut().enumerate() {
             if e.1 & STREAM_BIT == 0 {
@@ -207,6 +216,7 @@ mod tests {
             home_pages: home,
             round_splits: rs,
             stream_slots: 64,
+            halves: 1,
             kv_dim: 8,
         }
     }
@@ -267,7 +277,7 @@ mod tests {
         let rounds = m.rounds(l.keys);
         let mut loaded = 0;
         for r in &rounds {
-            let loads = l.assign_round(r);
+            let loads = l.assign_round(r, 0);
             assert!(loads.len() as u32 <= 32);
             loaded += loads.len();
         }

@@ -96,8 +96,10 @@ pub struct KvPlan {
     pub round_splits: u32,
     pub unit_splits: u32,
     pub unit_pages: u32,
-    /// Page slots of the stream pool.
+    /// Page slots of the stream pool, and how many parts it is cut into (2: round r + 1's pages
+    /// are read into one half while round r attends the other).
     pub stream_slots: u32,
+    pub halves: u32,
     /// Pages the read-back buffer holds.
     pub pageout_pages: u32,
     pub max_seqs: u32,
@@ -157,6 +159,7 @@ impl KvPlan {
             } else {
                 0
             },
+            halves: 1,
             pageout_pages: 1,
             max_seqs,
             seq_stride,
@@ -195,6 +198,25 @@ impl KvPlan {
         b
     }
 
+    /// This plan with `units` round units of attention splits (and, when streaming, of stream
+    /// pool slots: two halves from two units on).
+    fn with_units(&self, units: u32) -> Self {
+        let mut t = self.clone();
+        t.round_splits = units * self.unit_splits;
+        t.halves = 1;
+        if t.streams {
+            let streamed = t.max_pages - t.home_pages.min(t.max_pages);
+            if units >= 2 {
+                t.halves = 2;
+                t.round_splits = units / 2 * self.unit_splits;
+                t.stream_slots = 2 * (units / 2 * self.unit_pages).min(streamed.max(1));
+            } else {
+                t.stream_slots = (units * self.unit_pages).min(streamed.max(1));
+            }
+        }
+        t
+    }
+
     /// Spend up to `spare` more device bytes: all pages home when that fits, else more home
     /// pages; then more splits per round (each costing `part_per_split` bytes of partial
     /// results and, when streaming, a unit of stream slots).
@@ -214,15 +236,21 @@ impl KvPlan {
         full.home_pages = self.max_pages;
         full.streams = false;
         full.stream_slots = 0;
+        full.halves = 1;
         if cost(&full) <= spare && fits_binding(&full) {
             kv = full;
         } else if self.streams {
-            // More recent pages at home, keeping at least one page streamed.
-            let mut lo = self.home_pages;
+            // First a two-part stream pool (reads of the next round overlap attention of
+            // this one), then more recent pages at home, keeping at least one page streamed.
+            let two = self.with_units(2);
+            if cost(&two) <= spare && fits_binding(&two) {
+                kv = two;
+            }
+            let mut lo = kv.home_pages;
             let mut hi = self.max_pages - 1;
             while lo < hi {
                 let mid = lo + (hi - lo).div_ceil(2);
-                let mut t = self.clone();
+                let mut t = kv.clone();
                 t.home_pages = mid;
                 if cost(&t) <= spare && fits_binding(&t) {
                     lo = mid;
@@ -234,16 +262,9 @@ impl KvPlan {
         }
         // More splits per round, up to the whole context in one round.
         let max_units = kv.all_splits() / kv.unit_splits;
-        let with_units = |units: u32| {
-            let mut t = kv.clone();
-            t.round_splits = units * kv.unit_splits;
-            if t.streams {
-                let streamed = t.max_pages - t.home_pages.min(t.max_pages);
-                t.stream_slots = (units * kv.unit_pages).min(streamed.max(1));
-            }
-            t
-        };
-        let (mut lo, mut hi) = (1u32, max_units.max(1));
+        let with_units = |units: u32| kv.with_units(units);
+        let start = if kv.halves == 2 { 2 } else { 1 };
+        let (mut lo, mut hi) = (start, max_units.max(start));
         while lo < hi {
             let mid = lo + (hi - lo).div_ceil(2);
             let t = with_units(mid);
