@@ -1,5 +1,9 @@
 #!/usr/bin/env bash
-# Regenerate every table in BENCHMARKS.md: prints markdown and writes JSON/SVG into bench-out/.
+# Regenerate every table in BENCHMARKS.md. Each benchmark prints markdown into bench-out/NAME.md
+# (and JSON/SVG beside it); BENCHMARKS.md is then assembled from scripts/BENCHMARKS.md.in, whose
+# `@@TABLE NAME@@` lines are replaced by bench-out/NAME.md. No figure is typed by hand.
+#   scripts/bench.sh                 # every benchmark (about an hour on a 2-core VM)
+#   scripts/bench.sh kv stream       # only these, reusing the other tables' last output
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup-gpu.sh
@@ -7,6 +11,35 @@ scripts/fetch-model.sh
 cargo build --release
 mkdir -p bench-out
 B=./target/release/flashlm
-echo "## resident"; $B bench resident --runs 5 --json bench-out/resident.json
-echo "## io";       $B bench io --bytes 64MiB --json bench-out/io.json --plot bench-out/io.svg
-echo "## stream";   $B bench stream --io direct --json bench-out/stream.json
+want=("$@")
+[ ${#want[@]} -eq 0 ] && want=(resident io stream kv)
+machine() {
+  echo "Machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo) RAM, $(uname -m); $($B --list-adapters 2>/dev/null | head -1); $(date -u +%Y-%m-%d)"
+}
+for w in "${want[@]}"; do
+  case "$w" in
+    resident) cmd=($B bench resident --runs 5 --json bench-out/resident.json) ;;
+    io)       cmd=($B bench io --bytes 64MiB --json bench-out/io.json --plot bench-out/io.svg) ;;
+    stream)   cmd=($B bench stream --io direct --runs 3 --json bench-out/stream.json) ;;
+    kv)       cmd=($B bench kv --io direct --runs 3 --json bench-out/kv.json) ;;
+    *) echo "unknown benchmark $w (resident, io, stream, kv)" >&2; exit 2 ;;
+  esac
+  echo "## $w: ${cmd[*]}" >&2
+  {
+    echo "\`${cmd[*]#./target/release/}\`"
+    echo
+    machine
+    echo
+    "${cmd[@]}"
+  } > "bench-out/$w.md.part"
+  mv "bench-out/$w.md.part" "bench-out/$w.md"
+done
+awk '
+  /^@@TABLE [a-z]+@@$/ {
+    name = $2; sub(/@@$/, "", name); f = "bench-out/" name ".md"
+    if ((getline line < f) <= 0) { print "(not yet generated: run scripts/bench.sh " name ")"; next }
+    print line; while ((getline line < f) > 0) print line; close(f); next
+  }
+  { print }
+' scripts/BENCHMARKS.md.in > BENCHMARKS.md
+echo "BENCHMARKS.md written" >&2

@@ -36,6 +36,19 @@ pub struct KvBenchOptions<'a> {
     pub n_gen: usize,
     pub runs: usize,
     pub ppl_chunks: usize,
+    /// Page sizes to compare (exact attention, a prompt of half the length, 32 tokens decoded).
+    pub page_sweep: Vec<u32>,
+}
+
+/// One page size of the sweep.
+#[derive(Debug, Clone, Serialize)]
+pub struct PageRow {
+    pub page_tokens: u32,
+    pub ms_per_token: f64,
+    pub prefill_tok_s: f64,
+    pub kv_flash_bytes_per_token: f64,
+    pub home_pages: u32,
+    pub halves: u32,
 }
 
 /// One attention mode of S2 (medians over the runs).
@@ -93,6 +106,7 @@ pub struct KvReport {
     pub ttft_resumed_ms: f64,
     pub ttft_speedup: f64,
     pub model: Vec<ModelPoint>,
+    pub pages: Vec<PageRow>,
 }
 
 const S_BUDGET: u64 = 16 << 20;
@@ -373,6 +387,37 @@ pub fn run(o: &KvBenchOptions<'_>) -> BenchResult<KvReport> {
             bytes_error: err,
         });
     }
+    // Page sizes, side by side.
+    let mut pages = Vec::new();
+    for &pt in &o.page_sweep {
+        let mut opts = opts_for(&o.base, ctx_len, None)?;
+        opts.kv_page = Some(pt);
+        let half = o.prompt_tokens / 2;
+        let mut ms = Vec::new();
+        let mut pre = Vec::new();
+        let mut kvb = Vec::new();
+        let mut geo = (0, 0);
+        for _ in 0..o.runs {
+            let mut e = c.engine(&opts, 0)?;
+            let (_, s) = e.generate(&prompt[..half], 32, &mut greedy(), |_| false, |_| true)?;
+            eprintln!(
+                "page {pt}: {:.1} ms/token, prefill {:.1} tok/s, KV {:.0} B/token from flash",
+                s.ms_per_token, s.prefill_tok_s, s.kv_flash_bytes_per_token
+            );
+            ms.push(s.ms_per_token);
+            pre.push(s.prefill_tok_s);
+            kvb.push(s.kv_flash_bytes_per_token);
+            geo = (e.plan.kv.home_pages, e.plan.kv.halves);
+        }
+        pages.push(PageRow {
+            page_tokens: pt,
+            ms_per_token: median(&mut ms),
+            prefill_tok_s: median(&mut pre),
+            kv_flash_bytes_per_token: median(&mut kvb),
+            home_pages: geo.0,
+            halves: geo.1,
+        });
+    }
     let _ = std::fs::remove_dir_all(&dir);
     let exact = rows[0].clone();
     let kv_time_ms = exact.kv_flash_bytes_per_token / (raw * 1e9) * 1e3;
@@ -391,6 +436,7 @@ pub fn run(o: &KvBenchOptions<'_>) -> BenchResult<KvReport> {
         ttft_speedup: cold / resumed.max(1e-9),
         rows,
         model: points,
+        pages,
     })
 }
 
@@ -455,6 +501,9 @@ impl KvReport {
              | mode | context | host cache (share of streamed KV) | hit rate predicted | hit rate measured | KV flash bytes/token predicted | measured | error |\n\
              |---|---|---|---|---|---|---|---|\n",
         );
+        if !self.pages.is_empty() {
+            // Printed after the model table below.
+        }
         for p in &self.model {
             s.push_str(&format!(
                 "| {} | {} | {:.0}% | {:.3} | {:.3} | {:.0} | {:.0} | {:.1}% |\n",
@@ -467,6 +516,25 @@ impl KvReport {
                 p.kv_flash_measured,
                 p.bytes_error * 100.0
             ));
+        }
+        if !self.pages.is_empty() {
+            s.push_str(&format!(
+                "\nPage size (exact attention, {}-token prompt, 32 tokens decoded, same budget)\n\n\
+                 | tokens per page | ms/token | prefill tok/s | KV bytes/token from flash | pages at home per layer | stream pool halves |\n\
+                 |---|---|---|---|---|---|\n",
+                self.prompt_tokens / 2
+            ));
+            for p in &self.pages {
+                s.push_str(&format!(
+                    "| {} | {:.1} | {:.1} | {:.0} | {} | {} |\n",
+                    p.page_tokens,
+                    p.ms_per_token,
+                    p.prefill_tok_s,
+                    p.kv_flash_bytes_per_token,
+                    p.home_pages,
+                    p.halves
+                ));
+            }
         }
         s
     }

@@ -182,9 +182,9 @@ pub struct StreamReport {
 impl StreamReport {
     pub fn to_markdown(&self) -> String {
         let mut s = format!(
-            "adapter {} ({}); raw cold read {:.2} GB/s, median of 3 (page-cache eviction {})\n\n\
-             | scenario | budget | I/O | ms/token (median) | vs resident | flash bytes/token | overlap eff. | GPU idle | ring GB/s | ring / raw cold | peak device bytes |\n\
-             |---|---|---|---|---|---|---|---|---|---|---|\n",
+            "adapter {} ({}); raw cold read {:.2} GB/s, median over the runs (page-cache eviction {})\n\n\
+             | scenario | budget | I/O | placement | ms/token (median) | vs resident | flash bytes/token | overlap eff. | GPU idle | ring GB/s | ring / raw cold (same run) | peak device bytes |\n\
+             |---|---|---|---|---|---|---|---|---|---|---|---|\n",
             self.adapter,
             self.backend,
             self.raw_cold_read_gb_s,
@@ -196,7 +196,7 @@ impl StreamReport {
         );
         for r in &self.rows {
             s.push_str(&format!(
-                "| {} | {} | {} | {:.1} | {:.2} | {:.0} | {:.2} | {:.0}% | {:.3} | {:.2} | {} |\n",
+                "| {} | {} | {} | {} | {:.1} | {:.2} | {:.0} | {:.2} | {:.0}% | {:.3} | {:.2} | {} |\n",
                 r.scenario,
                 if r.gpu_budget == u64::MAX {
                     "none".to_string()
@@ -204,6 +204,7 @@ impl StreamReport {
                     format!("{:.1} MiB", r.gpu_budget as f64 / 1048576.0)
                 },
                 r.io,
+                r.placement,
                 r.ms_per_token,
                 r.ms_per_token_vs_resident,
                 r.flash_bytes_per_token,
@@ -252,19 +253,12 @@ pub fn stream(
     scenarios: &[Scenario],
     prompt_tokens: usize,
     n_gen: usize,
+    runs: usize,
 ) -> Result<StreamReport, Box<dyn std::error::Error>> {
     use crate::flash::source::FlashSource;
     use crate::flash::{FlashFile, ReaderOptions};
-    // The disk's rate moves between runs: take the median of three cold reads.
     let mut raws = Vec::new();
     let mut verified = true;
-    for _ in 0..3 {
-        model.gguf.release_pages();
-        let (r, v) = raw_cold_read(&model.path)?;
-        raws.push(r);
-        verified &= v;
-    }
-    let raw = median(&mut raws);
     let mut prompt = model.tokenizer.encode(BENCH_TEXT, false);
     while prompt.len() < prompt_tokens {
         let again = prompt.clone();
@@ -279,55 +273,82 @@ pub fn stream(
         let mut opts = base.clone();
         opts.gpu.budget = sc.budget;
         opts.ctx = Some(prompt_tokens + n_gen);
-        let file = FlashFile::open(
-            &model.path,
-            ReaderOptions {
-                mode: sc.io,
+        let mut per_run: Vec<(f64, crate::engine::GenStats, bool, String, u64, f64)> = Vec::new();
+        for _ in 0..runs.max(1) {
+            // The disk's rate moves between runs: a raw cold read beside every run.
+            model.gguf.release_pages();
+            let (r, v) = raw_cold_read(&model.path)?;
+            raws.push(r);
+            verified &= v;
+            let file = FlashFile::open(
+                &model.path,
+                ReaderOptions {
+                    mode: sc.io,
+                    ..Default::default()
+                },
+            )?;
+            model.gguf.release_pages();
+            let ev = crate::flash::evict_page_cache(&model.path)?;
+            let mut engine = Engine::with_source(
+                model.gguf.clone(),
+                std::sync::Arc::new(FlashSource::new(file, 0)),
+                &opts,
+            )?;
+            // Loading read the resident weights; evict again so decoding starts cold.
+            model.gguf.release_pages();
+            let ev2 = crate::flash::evict_page_cache(&model.path)?;
+            let mut sampler = Sampler::new(SamplerParams {
+                temperature: 0.0,
                 ..Default::default()
-            },
-        )?;
-        model.gguf.release_pages();
-        let ev = crate::flash::evict_page_cache(&model.path)?;
-        let mut engine = Engine::with_source(
-            model.gguf.clone(),
-            std::sync::Arc::new(FlashSource::new(file, 0)),
-            &opts,
-        )?;
-        // Loading read the resident weights; evict again so decoding starts cold.
-        model.gguf.release_pages();
-        let ev2 = crate::flash::evict_page_cache(&model.path)?;
-        let mut sampler = Sampler::new(SamplerParams {
-            temperature: 0.0,
-            ..Default::default()
-        });
-        let (_, s) = engine.generate(&prompt, n_gen, &mut sampler, |_| false, |_| true)?;
-        let mut ms = s.token_ms.clone();
-        let med = median(&mut ms);
-        if !engine.placement.streaming && resident_ms.is_none() {
+            });
+            let (_, s) = engine.generate(&prompt, n_gen, &mut sampler, |_| false, |_| true)?;
+            let mut ms = s.token_ms.clone();
+            let med = median(&mut ms);
+            eprintln!("{}: {:.1} ms/token, {}", sc.name, med, engine.placement);
+            adapter = engine.ctx.info.name.clone();
+            backend = engine.ctx.backend_name();
+            per_run.push((
+                med,
+                s,
+                ev.effective() && ev2.effective(),
+                engine.placement.to_string(),
+                engine.placement.budget,
+                r,
+            ));
+        }
+        let m = |f: &dyn Fn(&(f64, crate::engine::GenStats, bool, String, u64, f64)) -> f64| {
+            let mut v: Vec<f64> = per_run.iter().map(f).collect();
+            median(&mut v)
+        };
+        let med = m(&|r| r.0);
+        if resident_ms.is_none() && sc.budget.is_none() {
             resident_ms = Some(med);
         }
-        eprintln!("{}: {:.1} ms/token, {}", sc.name, med, engine.placement);
-        adapter = engine.ctx.info.name.clone();
-        backend = engine.ctx.backend_name();
+        let last = &per_run[per_run.len() - 1];
         rows.push(StreamRow {
             scenario: sc.name.clone(),
-            gpu_budget: engine.placement.budget,
-            placement: engine.placement.to_string(),
+            gpu_budget: last.4,
+            placement: last.3.clone(),
             io: sc.io.to_string(),
-            cold_cache: ev.effective() && ev2.effective(),
+            cold_cache: per_run.iter().all(|r| r.2),
             prompt_tokens: prompt.len(),
-            generated_tokens: s.generated_tokens,
+            generated_tokens: last.1.generated_tokens,
             ms_per_token: med,
             ms_per_token_vs_resident: 0.0,
-            flash_bytes_per_token: s.flash_bytes_per_token,
-            overlap_efficiency: s.overlap_efficiency,
-            io_wait_share: s.io_wait_share,
-            upload_gb_s: s.flash_to_gpu_gb_s,
-            upload_over_raw_cold: s.flash_to_gpu_gb_s / raw.max(1e-12),
-            peak_device_bytes: s.peak_device_bytes,
-            ttft_ms: s.ttft_ms,
+            flash_bytes_per_token: m(&|r| r.1.flash_bytes_per_token),
+            overlap_efficiency: m(&|r| r.1.overlap_efficiency),
+            io_wait_share: m(&|r| r.1.io_wait_share),
+            upload_gb_s: m(&|r| r.1.flash_to_gpu_gb_s),
+            upload_over_raw_cold: m(&|r| r.1.flash_to_gpu_gb_s / r.5.max(1e-12)),
+            peak_device_bytes: per_run
+                .iter()
+                .map(|r| r.1.peak_device_bytes)
+                .max()
+                .unwrap_or(0),
+            ttft_ms: m(&|r| r.1.ttft_ms),
         });
     }
+    let raw = median(&mut raws);
     if let Some(r) = resident_ms {
         for row in &mut rows {
             row.ms_per_token_vs_resident = row.ms_per_token / r;

@@ -315,6 +315,9 @@ pub enum BenchKind {
         /// Perplexity chunks per mode (0: skip perplexity).
         #[arg(long, default_value = "1")]
         ppl_chunks: usize,
+        /// Page sizes to compare (comma list; empty: skip).
+        #[arg(long, value_delimiter = ',', default_value = "16,32,64,128,256")]
+        page_sweep: Vec<u32>,
         /// Write the figures as JSON.
         #[arg(long)]
         json: Option<PathBuf>,

@@ -11,7 +11,7 @@ pub fn bench(cli: &Cli, b: &BenchArgs) -> CliResult<()> {
             budgets,
             prompt_tokens,
             n,
-            runs: _,
+            runs,
             json,
         } => {
             let path = resolve_model(&model.model)?;
@@ -46,7 +46,7 @@ pub fn bench(cli: &Cli, b: &BenchArgs) -> CliResult<()> {
                     io: model.io,
                 });
             }
-            let report = crate::bench::stream(&m, &base, &scenarios, *prompt_tokens, *n)?;
+            let report = crate::bench::stream(&m, &base, &scenarios, *prompt_tokens, *n, *runs)?;
             println!("{}", report.to_markdown());
             if let Some(j) = json {
                 std::fs::write(j, serde_json::to_string_pretty(&report)?)?;
@@ -105,6 +105,7 @@ pub fn bench(cli: &Cli, b: &BenchArgs) -> CliResult<()> {
             n,
             runs,
             ppl_chunks,
+            page_sweep,
             json,
         } => {
             let path = resolve_model(&model.model)?;
@@ -119,6 +120,7 @@ pub fn bench(cli: &Cli, b: &BenchArgs) -> CliResult<()> {
                 n_gen: *n,
                 runs: *runs,
                 ppl_chunks: *ppl_chunks,
+                page_sweep: page_sweep.clone(),
             })?;
             println!("{}", report.to_markdown());
             if let Some(j) = json {
