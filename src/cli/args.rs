@@ -217,6 +217,10 @@ pub struct RunArgs {
     /// Write a Chrome trace (Perfetto, chrome://tracing) of reads, uploads and compute.
     #[arg(long)]
     pub trace: Option<PathBuf>,
+    /// Time every kernel with GPU timestamp queries (host timing of whole submissions where
+    /// the adapter has none) and print a table per kernel.
+    #[arg(long)]
+    pub profile: bool,
     /// Session file: resume from it when the prompt shares a prefix with its tokens, and save
     /// the tokens and KV pages to it at the end.
     #[arg(long)]

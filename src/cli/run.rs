@@ -89,6 +89,7 @@ pub fn run(cli: &Cli, a: &RunArgs) -> CliResult<()> {
     }
     let mut opts = engine_options(cli, &a.model, m.cfg.n_layers)?;
     opts.trace = a.trace.is_some();
+    opts.profile = a.profile;
     let mut engine = start_engine(cli, &a.model, &m, opts)?;
     let t0 = Instant::now();
     let mut reused = 0;
@@ -125,6 +126,16 @@ pub fn run(cli: &Cli, a: &RunArgs) -> CliResult<()> {
     print!("{}", dec.finish());
     println!();
     print_stats(&engine, &stats);
+    let profile = a.profile.then(|| engine.profile_report());
+    if let Some(p) = &profile {
+        eprint!("{}", p.to_table());
+        eprintln!(
+            "kernels {:.1} ms of {:.1} ms of GPU work, {:.1} ms of wall time (prefill and decode)",
+            p.total_ms,
+            engine.tracer.compute_s * 1e3,
+            (stats.prefill_s + stats.decode_s) * 1e3
+        );
+    }
     let ttft_ms = stats.ttft_ms + load_ms;
     if reused > 0 {
         eprintln!("TTFT with the session: {ttft_ms:.0} ms (session load included)");
@@ -153,6 +164,7 @@ pub fn run(cli: &Cli, a: &RunArgs) -> CliResult<()> {
             "ttft_ms": ttft_ms,
             "stats": stats,
             "kv_predicted": pred,
+            "profile": profile,
             "gpu_budget": engine.placement.budget,
             "placement": engine.placement.to_string(),
             "kv_page_tokens": engine.plan.kv.page_tokens,

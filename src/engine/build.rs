@@ -33,7 +33,11 @@ impl Engine {
         let t0 = Instant::now();
         let cfg = ModelConfig::from_gguf(&gguf)?;
         let ctx = Arc::new(GpuContext::new(&opts.gpu)?);
-        let plan = ExecPlan::new(&gguf, &cfg, ctx.max_binding(), &opts.plan_options())?;
+        let mut popts = opts.plan_options();
+        if opts.profile && ctx.timestamps {
+            popts.extra_bytes += crate::gpu::profile::PROFILE_BYTES;
+        }
+        let plan = ExecPlan::new(&gguf, &cfg, ctx.max_binding(), &popts)?;
         log::info!("{}", plan.placement);
         let tensor = |name: &str| {
             gguf.tensor(name)
@@ -300,6 +304,14 @@ impl Engine {
             ctx.pipelines.len()
         );
         let tracer = Tracer::new(opts.trace);
+        let profiler = if opts.profile {
+            crate::gpu::profile::Profiler::new(&ctx)?.map(|mut p| {
+                p.keep_spans = opts.trace;
+                p
+            })
+        } else {
+            None
+        };
         let mut io_ = Uploader::new(ctx.clone(), ring, source, tracer.origin());
         if kv.streams {
             let dir = opts
@@ -350,6 +362,8 @@ impl Engine {
             io: IoTotals::default(),
             kv_stats: KvRunStats::default(),
             tracer,
+            profiler,
+            profiling: opts.profile,
             load_bytes,
             load_time: std::time::Duration::ZERO,
             plan,
@@ -369,6 +383,9 @@ impl Engine {
         self.io = IoTotals::default();
         self.kv_stats = KvRunStats::default();
         self.tracer.clear();
+        if let Some(p) = self.profiler.as_mut() {
+            p.clear();
+        }
         Ok(())
     }
 }

@@ -42,7 +42,7 @@ use crate::kv::pages::PageMap;
 use crate::model::config::ModelConfig;
 use crate::plan::{ExecPlan, KvSelect, PlanError, PlanOptions};
 pub use crate::plan::{Placement, PlacementError, ResidentSpec};
-pub use stats::{GenStats, IoTotals, KvRunStats};
+pub use stats::{GenStats, IoTotals, KvRunStats, ProfileReport, ProfileRow};
 use trace::Tracer;
 use upload::Uploader;
 
@@ -161,6 +161,8 @@ pub struct EngineOptions {
     pub kv_dir: Option<PathBuf>,
     /// Rows of logits a pass can return (for scoring every position of a batch).
     pub logit_rows: usize,
+    /// Time every kernel with GPU timestamp queries (`--profile`).
+    pub profile: bool,
 }
 
 impl Default for EngineOptions {
@@ -182,6 +184,7 @@ impl Default for EngineOptions {
             kv_select: None,
             kv_dir: None,
             logit_rows: 1,
+            profile: false,
         }
     }
 }
@@ -202,6 +205,7 @@ impl EngineOptions {
             kv_window: self.kv_window,
             kv_select: self.kv_select,
             logit_rows: self.logit_rows,
+            extra_bytes: 0,
         }
     }
 }
@@ -266,6 +270,10 @@ pub struct Engine {
     pub io: IoTotals,
     pub kv_stats: KvRunStats,
     pub tracer: Tracer,
+    /// Per-kernel GPU time (`--profile` on an adapter with timestamp queries).
+    pub profiler: Option<crate::gpu::profile::Profiler>,
+    /// `--profile` was asked for (with or without timestamp queries).
+    pub profiling: bool,
     /// Bytes uploaded at load.
     pub load_bytes: u64,
     pub load_time: Duration,
@@ -311,6 +319,21 @@ impl Engine {
     /// Write the collected spans as a Chrome trace.
     pub fn write_trace(&mut self, path: &std::path::Path) -> Result<(), EngineError> {
         self.tracer.collect_gpu();
+        if let Some(p) = &self.profiler {
+            // GPU kernel spans on the timestamp clock, aligned so the first kernel starts with
+            // the first GPU work the host saw.
+            let host0 = self.tracer.first_gpu_start().unwrap_or(0.0);
+            let gpu0 = p.spans.iter().map(|s| s.1).fold(f64::INFINITY, f64::min);
+            for &(label, a, b) in &p.spans {
+                self.tracer.span_at(
+                    label,
+                    "kernel",
+                    trace::TID_KERNEL,
+                    host0 + (a - gpu0) / 1e9,
+                    host0 + (b - gpu0) / 1e9,
+                );
+            }
+        }
         self.tracer.write(path).map_err(EngineError::Trace)
     }
 

@@ -238,7 +238,7 @@ impl Engine {
                 } else {
                     &self.prefill_lists[l]
                 };
-                kernels::record_all(&mut enc, &lists.pre, t as u32);
+                kernels::record_all_with(&mut enc, &lists.pre, t as u32, self.profiler.as_mut());
             }
             let work = if select {
                 let w = self.select_pages(l, enc, top, b - 1)?;
@@ -284,9 +284,14 @@ impl Engine {
                 } else {
                     &self.prefill_lists[l]
                 };
-                kernels::record_all(&mut enc, &lists.attn, t as u32);
+                kernels::record_all_with(&mut enc, &lists.attn, t as u32, self.profiler.as_mut());
                 if ri + 1 == n_rounds {
-                    kernels::record_all(&mut enc, &lists.post, t as u32);
+                    kernels::record_all_with(
+                        &mut enc,
+                        &lists.post,
+                        t as u32,
+                        self.profiler.as_mut(),
+                    );
                 }
                 if ri + 1 < n_rounds || per_layer {
                     let done = std::mem::replace(
@@ -329,6 +334,9 @@ impl Engine {
         }
         self.seq.tokens.extend_from_slice(tokens);
         self.page_out(a, b)?;
+        if let Some(p) = self.profiler.as_mut() {
+            p.collect(&self.ctx)?;
+        }
         Ok(())
     }
 
@@ -374,7 +382,12 @@ impl Engine {
             ) else {
                 return Err(EngineError::Transfer("page scores are not set up".into()));
             };
-            kernels::record_all(&mut enc, std::slice::from_ref(score), 1);
+            kernels::record_all_with(
+                &mut enc,
+                std::slice::from_ref(score),
+                1,
+                self.profiler.as_mut(),
+            );
             let bytes = n_full as u64 * heads as u64 * 4;
             enc.copy_buffer_to_buffer(scores, 0, rb, 0, bytes.max(4));
             let rb = rb.buffer.clone();
@@ -453,14 +466,19 @@ impl Engine {
             } else {
                 &self.head_norm
             };
-            kernels::record_all(&mut enc, std::slice::from_ref(norm), 1);
+            kernels::record_all_with(
+                &mut enc,
+                std::slice::from_ref(norm),
+                1,
+                self.profiler.as_mut(),
+            );
             let streamed = matches!(self.head, Head::Streamed { .. });
             if let Head::Resident {
                 plan, rows_plan, ..
             } = &self.head
             {
                 let p = if multi { rows_plan } else { plan };
-                kernels::record_all(&mut enc, p, 1);
+                kernels::record_all_with(&mut enc, p, 1, self.profiler.as_mut());
             }
             self.submit(enc, "output norm".into());
             if streamed {
@@ -528,7 +546,12 @@ impl Engine {
         let mut encs = Vec::with_capacity(n_chunks);
         for d in &dispatches {
             let mut enc = self.ctx.device.create_command_encoder(&Default::default());
-            kernels::record_all(&mut enc, std::slice::from_ref(*d), 1);
+            kernels::record_all_with(
+                &mut enc,
+                std::slice::from_ref(*d),
+                1,
+                self.profiler.as_mut(),
+            );
             encs.push(enc);
         }
         for (c, enc) in encs.into_iter().enumerate() {

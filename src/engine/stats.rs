@@ -281,3 +281,95 @@ impl Engine {
         }
     }
 }
+
+/// One kernel's line of the profile.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ProfileRow {
+    pub kernel: String,
+    pub calls: u64,
+    pub total_ms: f64,
+    /// GB/s of the weight bytes the kernel read (None when it reads no weights).
+    pub gb_s: Option<f64>,
+}
+
+/// Where the time went, per kernel (`--profile`).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ProfileReport {
+    /// "gpu timestamps", or "host timing of submissions" on adapters without timestamps.
+    pub source: &'static str,
+    pub rows: Vec<ProfileRow>,
+    pub total_ms: f64,
+    /// Dispatches recorded without timestamps (the query set was full).
+    pub untimed: u64,
+}
+
+impl ProfileReport {
+    pub fn to_table(&self) -> String {
+        let mut s = format!(
+            "profile ({}): | kernel | calls | total ms | share | GB/s of weights |\n",
+            self.source
+        );
+        for r in &self.rows {
+            s.push_str(&format!(
+                "| {} | {} | {:.2} | {:.1}% | {} |\n",
+                r.kernel,
+                r.calls,
+                r.total_ms,
+                100.0 * r.total_ms / self.total_ms.max(1e-12),
+                r.gb_s
+                    .map(|g| format!("{g:.3}"))
+                    .unwrap_or_else(|| "-".into())
+            ));
+        }
+        s.push_str(&format!("| all | | {:.2} | 100% | |\n", self.total_ms));
+        if self.untimed > 0 {
+            s.push_str(&format!("({} dispatches were not timed)\n", self.untimed));
+        }
+        s
+    }
+}
+
+impl Engine {
+    /// Per-kernel time since load (after the warm-up): GPU timestamps where the adapter has
+    /// them, else the host's timing of whole submissions.
+    pub fn profile_report(&mut self) -> ProfileReport {
+        self.tracer.collect_gpu();
+        if let Some(p) = &self.profiler {
+            let mut rows: Vec<ProfileRow> = p
+                .totals
+                .iter()
+                .map(|(k, t)| ProfileRow {
+                    kernel: k.to_string(),
+                    calls: t.calls,
+                    total_ms: t.ns / 1e6,
+                    gb_s: (t.bytes > 0 && t.ns > 0.0).then(|| t.bytes as f64 / t.ns),
+                })
+                .collect();
+            rows.sort_by(|a, b| b.total_ms.total_cmp(&a.total_ms));
+            return ProfileReport {
+                source: "gpu timestamps",
+                total_ms: p.total_s() * 1e3,
+                rows,
+                untimed: p.missed,
+            };
+        }
+        let mut rows: Vec<ProfileRow> = self
+            .tracer
+            .by_name
+            .iter()
+            .map(|(k, (n, s))| ProfileRow {
+                kernel: k.clone(),
+                calls: *n,
+                total_ms: s * 1e3,
+                gb_s: None,
+            })
+            .collect();
+        rows.sort_by(|a, b| b.total_ms.total_cmp(&a.total_ms));
+        ProfileReport {
+            source: "host timing of submissions",
+            total_ms: rows.iter().map(|r| r.total_ms).sum(),
+            rows,
+            untimed: 0,
+        }
+    }
+}

@@ -9,6 +9,7 @@ use std::time::Instant;
 pub const TID_IO: u32 = 1;
 pub const TID_GPU: u32 = 2;
 pub const TID_HOST: u32 = 3;
+pub const TID_KERNEL: u32 = 4;
 
 #[derive(Debug, Clone)]
 struct Span {
@@ -29,6 +30,8 @@ pub struct Tracer {
     last_gpu_end: f64,
     /// Seconds of GPU compute collected so far.
     pub compute_s: f64,
+    /// GPU time per submission name (digits dropped): calls and seconds (host timing).
+    pub by_name: std::collections::BTreeMap<String, (u64, f64)>,
 }
 
 impl Tracer {
@@ -40,6 +43,7 @@ impl Tracer {
             gpu_done: Arc::new(Mutex::new(Vec::new())),
             last_gpu_end: 0.0,
             compute_s: 0.0,
+            by_name: Default::default(),
         }
     }
 
@@ -51,6 +55,7 @@ impl Tracer {
         }
         self.last_gpu_end = 0.0;
         self.compute_s = 0.0;
+        self.by_name.clear();
     }
 
     /// Whether spans are kept for a trace file.
@@ -96,6 +101,15 @@ impl Tracer {
         }
     }
 
+    /// Start of the first GPU span kept, in seconds.
+    pub fn first_gpu_start(&self) -> Option<f64> {
+        self.spans
+            .iter()
+            .filter(|s| s.tid == TID_GPU)
+            .map(|s| s.start)
+            .reduce(f64::min)
+    }
+
     /// The instant times are measured from.
     pub fn origin(&self) -> Instant {
         self.t0
@@ -126,6 +140,10 @@ impl Tracer {
             let start = submitted.max(self.last_gpu_end).min(end);
             self.compute_s += end - start;
             self.last_gpu_end = end;
+            let key: String = name.chars().filter(|c| !c.is_ascii_digit()).collect();
+            let e = self.by_name.entry(key).or_default();
+            e.0 += 1;
+            e.1 += end - start;
             if self.keep {
                 self.spans.push(Span {
                     name,
@@ -144,6 +162,7 @@ impl Tracer {
             serde_json::json!({"name": "thread_name", "ph": "M", "pid": 1, "tid": TID_IO, "args": {"name": "flash read + upload"}}),
             serde_json::json!({"name": "thread_name", "ph": "M", "pid": 1, "tid": TID_GPU, "args": {"name": "GPU compute"}}),
             serde_json::json!({"name": "thread_name", "ph": "M", "pid": 1, "tid": TID_HOST, "args": {"name": "host"}}),
+            serde_json::json!({"name": "thread_name", "ph": "M", "pid": 1, "tid": TID_KERNEL, "args": {"name": "GPU kernels (timestamp queries; clock aligned at the first kernel)"}}),
         ];
         for s in &self.spans {
             events.push(serde_json::json!({

@@ -2,6 +2,7 @@
 //! buffer, the pipeline cache, and blocking readback.
 
 pub mod pipeline;
+pub mod profile;
 pub mod staging;
 
 use std::sync::Arc;
@@ -236,6 +237,11 @@ pub struct GpuContext {
     pub matmul_layout: MatmulLayout,
     /// The device was opened with subgroup operations and its subgroups are always 8 wide.
     pub subgroups8: bool,
+    /// Timestamp queries inside compute passes are available (`--profile`).
+    pub timestamps: bool,
+    /// Storage buffers can be mapped for writing (device memory is host memory): layer slots
+    /// can be filled in place, without a staging copy.
+    pub mappable: bool,
     pub device: wgpu::Device,
     pub queue: wgpu::Queue,
     pub info: wgpu::AdapterInfo,
@@ -312,7 +318,20 @@ impl GpuContext {
         let info = adapter.get_info();
         let limits = adapter.limits();
         // Subgroups are optional (the GL backend has none): request them only where offered.
-        let features = adapter.features() & wgpu::Features::SUBGROUP;
+        // Timestamps inside passes serve --profile. Buffers both mappable and usable as storage
+        // serve zero-copy uploads where device memory is host memory.
+        let unified = matches!(
+            info.device_type,
+            wgpu::DeviceType::Cpu | wgpu::DeviceType::IntegratedGpu
+        );
+        let ts = wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
+        let mut wanted = wgpu::Features::SUBGROUP | ts;
+        if unified {
+            wanted |= wgpu::Features::MAPPABLE_PRIMARY_BUFFERS;
+        }
+        let features = adapter.features() & wanted;
+        let timestamps = features.contains(ts);
+        let mappable = features.contains(wgpu::Features::MAPPABLE_PRIMARY_BUFFERS);
         let subgroups8 = features.contains(wgpu::Features::SUBGROUP)
             && info.subgroup_min_size == 8
             && info.subgroup_max_size == 8;
@@ -352,6 +371,8 @@ impl GpuContext {
         Ok(Self {
             matmul_layout,
             subgroups8,
+            timestamps,
+            mappable,
             pipelines: PipelineCache::new(),
             device,
             queue,

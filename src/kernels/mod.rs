@@ -63,6 +63,8 @@ enum TokenAxis {
 /// One recorded compute dispatch.
 pub struct Dispatch {
     pub label: &'static str,
+    /// Weight bytes one dispatch reads (0 when not a weight product).
+    pub bytes: u64,
     pipeline: Arc<wgpu::ComputePipeline>,
     bind_group: wgpu::BindGroup,
     grid: [u32; 3],
@@ -85,6 +87,33 @@ impl Dispatch {
         pass.set_pipeline(&self.pipeline);
         pass.set_bind_group(0, &self.bind_group, &[]);
         pass.dispatch_workgroups(g[0], g[1], g[2]);
+    }
+}
+
+/// Record a list of dispatches in one compute pass, with timestamps around each when a profiler
+/// is given.
+pub fn record_all_with(
+    encoder: &mut wgpu::CommandEncoder,
+    list: &[Dispatch],
+    n_tokens: u32,
+    mut prof: Option<&mut crate::gpu::profile::Profiler>,
+) {
+    let Some(p) = prof.as_deref_mut() else {
+        return record_all(encoder, list, n_tokens);
+    };
+    let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+        label: Some("forward"),
+        timestamp_writes: None,
+    });
+    for d in list {
+        match p.reserve(d.label, d.bytes) {
+            Some((set, i)) => {
+                pass.write_timestamp(set, i);
+                d.record(&mut pass, n_tokens);
+                pass.write_timestamp(set, i + 1);
+            }
+            None => d.record(&mut pass, n_tokens),
+        }
     }
 }
 
@@ -333,6 +362,7 @@ fn make_dispatch(
     });
     Dispatch {
         label,
+        bytes: 0,
         pipeline,
         bind_group,
         grid,
@@ -529,7 +559,7 @@ pub fn matmul_part(
     } else {
         TokenAxis::Y(tt)
     };
-    Ok(make_dispatch(
-        ctx, "matmul", pipeline, params, &bufs, grid, axis,
-    ))
+    let mut d = make_dispatch(ctx, "matmul", pipeline, params, &bufs, grid, axis);
+    d.bytes = w.rows as u64 * w.row_bytes as u64 * if w2.is_some() { 2 } else { 1 };
+    Ok(d)
 }

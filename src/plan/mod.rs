@@ -77,6 +77,8 @@ pub struct PlanOptions {
     pub kv_select: Option<KvSelect>,
     /// Rows of logits one head pass computes (1, or more for scoring whole batches).
     pub logit_rows: usize,
+    /// Device bytes allocated besides the plan's own (e.g. the profiler's buffers).
+    pub extra_bytes: u64,
 }
 
 impl Default for PlanOptions {
@@ -95,6 +97,7 @@ impl Default for PlanOptions {
             kv_window: 0,
             kv_select: None,
             logit_rows: 1,
+            extra_bytes: 0,
         }
     }
 }
@@ -310,19 +313,20 @@ impl ExecPlan {
         kv_full.stream_slots = 0;
         let all_home = kv_full.device_bytes(cfg.n_layers)
             + sizes.total()
+            + o.extra_bytes
             + norms
             + params
             + head_params_max
             + layers.iter().map(|w| w.device_bytes()).sum::<u64>()
             + head.layout.device_bytes();
         let costs = Costs {
+            activations: sizes.total() + o.extra_bytes,
             resident_extra: if kv_min.streams && all_home > budget {
                 ring
             } else {
                 0
             },
             kv: kv_min.device_bytes(cfg.n_layers),
-            activations: sizes.total(),
             norms,
             params: params + head_params_max,
             ring,
@@ -368,6 +372,7 @@ impl ExecPlan {
         let total = placement.total - placement.costs.kv - placement.costs.activations
             + kv.device_bytes(cfg.n_layers)
             + sizes.total()
+            + o.extra_bytes
             - head_params_max
             + head_params
             - unused_ring;
