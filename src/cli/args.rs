@@ -52,6 +52,8 @@ pub enum Command {
     Eval(EvalArgs),
     /// Benchmarks.
     Bench(BenchArgs),
+    /// Write a llama GGUF of any shape with seeded random weights (streamed to disk).
+    Synth(super::synth::SynthArgs),
 }
 
 fn bounded(s: &str, what: &str, lo: u64, hi: u64) -> Result<u64, String> {

@@ -1,4 +1,5 @@
-//! The command line: `run`, `chat`, `info`, `session-info`, `eval`, `bench`, `--list-adapters`.
+//! The command line: `run`, `chat`, `info`, `session-info`, `eval`, `bench`, `synth`,
+//! `--list-adapters`.
 //!
 //! A token's path starts here: [`run`] loads the model, starts the engine with the options
 //! [`engine_options`] builds from the flags, and streams the completion.
@@ -7,10 +8,12 @@ mod args;
 mod bench;
 mod eval;
 mod run;
+mod synth;
 
 use std::path::{Path, PathBuf};
 
 pub use args::*;
+pub use synth::SynthArgs;
 
 use crate::engine::{Engine, EngineOptions, ResidentSpec};
 use crate::flash::source::FlashSource;
@@ -148,6 +151,7 @@ pub fn main_with(cli: Cli) -> CliResult<()> {
         Some(Command::Chat(a)) => run::chat(&cli, a),
         Some(Command::Eval(e)) => eval::eval(&cli, e),
         Some(Command::Bench(b)) => bench::bench(&cli, b),
+        Some(Command::Synth(a)) => synth::synth(a),
     }
 }
 

@@ -1,19 +1,38 @@
-//! Tiny llama models with seeded random weights, built in memory as GGUF files.
+//! Llama models with seeded random weights, written as GGUF files of any shape.
 //!
-//! They let tests run the whole pipeline (config, tokenizer, CPU reference, GPU kernels) for any
-//! weight type and odd sizes without the real model. Weights are drawn so that activations stay
-//! in a sane range: matrices ~ N(0, 1/cols) (unit-variance outputs for unit-variance inputs),
-//! norm weights ~ 1 + N(0, 0.1²), so logits come out with a standard deviation around 1.
+//! Small ones let tests run the whole pipeline (config, tokenizer, CPU reference, GPU kernels)
+//! for any weight type and odd sizes without the real model; large ones (a 7B shape is about
+//! 3.3 GB in a 4.5-bit type) exercise streaming from flash. Files are written front to back:
+//! the header and every offset are computed first from the shape, then the weights are drawn,
+//! quantized and written one block of rows at a time ([`write_synthetic`],
+//! [`write_synthetic_file`]), so memory stays small whatever the model size.
 //!
-//! The tokenizer metadata is a minimal byte-level BPE ("gpt2"): the 256 byte tokens, a handful of
-//! merges, three control tokens and `[PAD{i}]` fillers up to the vocabulary size.
+//! Weights are drawn so that activations stay in a sane range: matrices ~ N(0, 1/fan_in)
+//! (unit-variance outputs for unit-variance inputs), norm weights ~ 1 + N(0, 0.1²), so logits
+//! come out with a standard deviation around 1. Each row has its own generator, seeded from the
+//! model seed, the tensor and the row, so a seed gives the same file whatever the thread count.
+//!
+//! The tokenizer is a byte-level BPE ("gpt2"): the 256 byte tokens, a few fixed merges, three
+//! control tokens, then generated merged tokens (letter strings) up to the vocabulary size, so
+//! every id decodes to text.
 
-use crate::gguf::quant::quantize;
-use crate::gguf::writer::GgufWriter;
+mod file;
+mod vocab;
+mod weights;
+
+use std::io::Write;
+
+use crate::gguf::writer::{GgufLayout, GgufStreamWriter, GgufWriteError, TensorEntry};
 use crate::gguf::{GgmlType, MetaValue};
-use crate::sampling::SplitMix64;
+
+pub use file::{part_path, write_synthetic_file};
+pub use vocab::{SYNTHETIC_MERGES, SYNTHETIC_MIN_VOCAB, SYNTHETIC_SPECIALS};
 
 use super::config::{LayerNames, OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
+use weights::Init;
+
+/// Largest vocabulary a synthetic model may have.
+pub const MAX_SYNTHETIC_VOCAB: usize = 1 << 22;
 
 /// Shape and weight type of a synthetic llama model.
 #[derive(Debug, Clone, PartialEq)]
@@ -33,6 +52,79 @@ pub struct SyntheticSpec {
     pub untied_output: bool,
 }
 
+/// What can stop a synthetic model from being built or written.
+#[derive(Debug, thiserror::Error)]
+pub enum SynthError {
+    #[error("invalid model shape: {0}")]
+    InvalidSpec(String),
+    #[error("cannot write {ty} weights: {reason}")]
+    Quantize { ty: &'static str, reason: String },
+    #[error("cannot lay out the file: {0}")]
+    Layout(GgufWriteError),
+    #[error("write failed: {0}")]
+    Io(std::io::Error),
+    #[error(
+        "{}: not enough free space: the model needs {}, {} are free",
+        path.display(), size(*needed), size(*available)
+    )]
+    NoSpace {
+        path: std::path::PathBuf,
+        needed: u64,
+        available: u64,
+    },
+    #[error(
+        "{}: the disk is full ({} of {} written); the partial file was removed",
+        path.display(), size(*written), size(*total)
+    )]
+    DiskFull {
+        path: std::path::PathBuf,
+        written: u64,
+        total: u64,
+    },
+    #[error("cannot create {}: {source}", path.display())]
+    Create {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "writing {} failed ({} of {} written): {source}; the partial file was removed",
+        path.display(), size(*written), size(*total)
+    )]
+    Write {
+        path: std::path::PathBuf,
+        written: u64,
+        total: u64,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot rename {} to {}: {source}", from.display(), to.display())]
+    Rename {
+        from: std::path::PathBuf,
+        to: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A byte count for messages: `3.1 GiB (3337338880 bytes)`.
+fn size(n: u64) -> String {
+    if n < 1024 {
+        format!("{n} bytes")
+    } else {
+        format!("{} ({n} bytes)", crate::flash::format_size(n))
+    }
+}
+
+impl From<GgufWriteError> for SynthError {
+    fn from(e: GgufWriteError) -> Self {
+        match e {
+            GgufWriteError::Io(e) => SynthError::Io(e),
+            other => SynthError::Layout(other),
+        }
+    }
+}
+
 impl SyntheticSpec {
     /// A small model (2 layers, n_embd 64, 4 heads over 2 kv heads, n_ff 128, vocab 320).
     pub fn tiny(weight_type: GgmlType) -> Self {
@@ -48,190 +140,203 @@ impl SyntheticSpec {
             untied_output: false,
         }
     }
+
+    /// Check that the spec forms a valid model: non-zero sizes that fit the file's 32-bit
+    /// fields, `n_heads` dividing `n_embd` and a multiple of `n_kv_heads`, an even head size,
+    /// `n_embd` and `n_ff` multiples of the weight type's block length, a vocabulary from
+    /// [`SYNTHETIC_MIN_VOCAB`] to [`MAX_SYNTHETIC_VOCAB`].
+    pub fn check(&self) -> Result<(), SynthError> {
+        let s = self;
+        let bad = |m: String| Err(SynthError::InvalidSpec(m));
+        for (what, v) in [
+            ("layers", s.n_layers),
+            ("embedding size", s.n_embd),
+            ("heads", s.n_heads),
+            ("kv heads", s.n_kv_heads),
+            ("feed-forward size", s.n_ff),
+            ("context length", s.ctx),
+        ] {
+            if v == 0 || u32::try_from(v).is_err() {
+                return bad(format!("{what} must be from 1 to {}, got {v}", u32::MAX));
+            }
+        }
+        if !s.n_embd.is_multiple_of(s.n_heads) {
+            return bad(format!(
+                "{} heads do not divide the embedding size {}",
+                s.n_heads, s.n_embd
+            ));
+        }
+        if !s.n_heads.is_multiple_of(s.n_kv_heads) {
+            return bad(format!(
+                "{} kv heads do not divide the {} heads",
+                s.n_kv_heads, s.n_heads
+            ));
+        }
+        let head_dim = s.n_embd / s.n_heads;
+        if !head_dim.is_multiple_of(2) {
+            return bad(format!("the head size {head_dim} must be even"));
+        }
+        let block = s.weight_type.block_len();
+        for (what, v) in [("embedding size", s.n_embd), ("feed-forward size", s.n_ff)] {
+            if !(v as u64).is_multiple_of(block) {
+                return bad(format!(
+                    "the {what} {v} is not a multiple of the {} block length {block}",
+                    s.weight_type
+                ));
+            }
+        }
+        if !(SYNTHETIC_MIN_VOCAB..=MAX_SYNTHETIC_VOCAB).contains(&s.vocab) {
+            return bad(format!(
+                "the vocabulary must be from {SYNTHETIC_MIN_VOCAB} to {MAX_SYNTHETIC_VOCAB} tokens, got {}",
+                s.vocab
+            ));
+        }
+        Ok(())
+    }
+
+    fn head_dim(&self) -> usize {
+        self.n_embd / self.n_heads
+    }
 }
 
-/// Merges of the synthetic tokenizer, in rank order (GPT-2 byte-level spelling, `Ġ` = space).
-pub const SYNTHETIC_MERGES: &[&str] = &["Ġ t", "h e", "i n", "Ġt he", "e r", "Ġ a", "o n", "Ġ s"];
-/// Control tokens, placed right after the merged tokens.
-pub const SYNTHETIC_SPECIALS: &[&str] = &["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
-/// Smallest vocabulary that holds the byte tokens, merges and control tokens.
-pub const SYNTHETIC_MIN_VOCAB: usize = 256 + SYNTHETIC_MERGES.len() + SYNTHETIC_SPECIALS.len();
+/// The metadata of a synthetic model (call on a checked spec).
+fn metadata(s: &SyntheticSpec) -> Vec<(String, MetaValue)> {
+    let u32v = |v: usize| MetaValue::U32(v as u32);
+    let mut m: Vec<(&str, MetaValue)> = vec![
+        ("general.architecture", MetaValue::String("llama".into())),
+        (
+            "general.name",
+            MetaValue::String("flashlm synthetic llama".into()),
+        ),
+        ("llama.block_count", u32v(s.n_layers)),
+        ("llama.context_length", u32v(s.ctx)),
+        ("llama.embedding_length", u32v(s.n_embd)),
+        ("llama.feed_forward_length", u32v(s.n_ff)),
+        ("llama.attention.head_count", u32v(s.n_heads)),
+        ("llama.attention.head_count_kv", u32v(s.n_kv_heads)),
+        ("llama.rope.freq_base", MetaValue::F32(10000.0)),
+        ("llama.rope.dimension_count", u32v(s.head_dim())),
+        (
+            "llama.attention.layer_norm_rms_epsilon",
+            MetaValue::F32(1e-5),
+        ),
+        ("llama.vocab_size", u32v(s.vocab)),
+    ];
+    m.extend(vocab::tokenizer_metadata(s.vocab));
+    m.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+}
 
-/// A ChatML template, as SmolLM2-style models carry.
-const CHAT_TEMPLATE: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
-
-/// Token types as GGUF stores them.
-const TOKEN_NORMAL: i32 = 1;
-const TOKEN_CONTROL: i32 = 3;
-const TOKEN_UNUSED: i32 = 5;
-
-/// The GPT-2 byte-to-character map: printable bytes stand for themselves, the others map to
-/// code points from U+0100 upward, in byte order.
-fn byte_chars() -> [char; 256] {
-    let mut out = ['\0'; 256];
-    let mut next = 256u32;
-    for (b, slot) in out.iter_mut().enumerate() {
-        let printable = (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || b >= 0xae;
-        let cp = if printable {
-            b as u32
-        } else {
-            next += 1;
-            next - 1
+/// Every tensor in file order, with how its values are drawn (call on a checked spec).
+fn plan(s: &SyntheticSpec) -> Vec<(TensorEntry, Init)> {
+    let ty = s.weight_type;
+    let (e, kv, ff) = (
+        s.n_embd as u64,
+        (s.n_kv_heads * s.head_dim()) as u64,
+        s.n_ff as u64,
+    );
+    let matrix = |name: &str, cols: u64, rows: u64| {
+        let entry = TensorEntry {
+            name: name.to_string(),
+            dims: vec![cols, rows],
+            ty,
         };
-        *slot = char::from_u32(cp).unwrap_or('?');
+        let std = 1.0 / (cols as f32).sqrt();
+        (entry, Init::Normal { mean: 0.0, std })
+    };
+    let norm = |name: &str| {
+        let entry = TensorEntry {
+            name: name.to_string(),
+            dims: vec![e],
+            ty: GgmlType::F32,
+        };
+        (
+            entry,
+            Init::Normal {
+                mean: 1.0,
+                std: 0.1,
+            },
+        )
+    };
+    let mut out = vec![matrix(TOKEN_EMBD, e, s.vocab as u64)];
+    for l in 0..s.n_layers {
+        let n = LayerNames::new(l);
+        out.extend([
+            norm(&n.attn_norm),
+            matrix(&n.attn_q, e, e),
+            matrix(&n.attn_k, e, kv),
+            matrix(&n.attn_v, e, kv),
+            matrix(&n.attn_output, e, e),
+            norm(&n.ffn_norm),
+            matrix(&n.ffn_gate, e, ff),
+            matrix(&n.ffn_up, e, ff),
+            matrix(&n.ffn_down, ff, e),
+        ]);
+    }
+    out.push(norm(OUTPUT_NORM));
+    if s.untied_output {
+        out.push(matrix(OUTPUT, e, s.vocab as u64));
     }
     out
 }
 
-/// Seeded generator (the sampler's SplitMix64) with a Box-Muller normal.
-struct Rng(SplitMix64);
-
-impl Rng {
-    fn new(seed: u64) -> Self {
-        Self(SplitMix64(seed))
-    }
-    fn next_u64(&mut self) -> u64 {
-        self.0.next_u64()
-    }
-    /// Uniform in (0, 1].
-    fn uniform(&mut self) -> f64 {
-        ((self.next_u64() >> 11) + 1) as f64 / (1u64 << 53) as f64
-    }
-    fn normal(&mut self) -> f32 {
-        let (u1, u2) = (self.uniform(), self.uniform());
-        ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32
-    }
+/// The file's layout: header bytes, every tensor's offset and size, the total size.
+pub fn synthetic_layout(spec: &SyntheticSpec) -> Result<GgufLayout, SynthError> {
+    spec.check()?;
+    let entries: Vec<TensorEntry> = plan(spec).into_iter().map(|(e, _)| e).collect();
+    Ok(GgufLayout::new(&metadata(spec), &entries)?)
 }
 
-fn strings(v: &[String]) -> MetaValue {
-    MetaValue::Array(v.iter().cloned().map(MetaValue::String).collect())
+/// The exact size in bytes of the file [`write_synthetic`] would write, without writing it.
+pub fn synthetic_file_size(spec: &SyntheticSpec) -> Result<u64, SynthError> {
+    Ok(synthetic_layout(spec)?.file_size)
 }
 
-/// Build a llama GGUF file for `spec` with weights drawn from `seed`.
+/// Stream the model for `spec` and `seed` to `out`, computing `threads` blocks of rows at a
+/// time; `progress(done, total)` is called after each block with the bytes written so far.
+/// Returns `out` (flushed).
+pub fn write_synthetic<W: Write>(
+    spec: &SyntheticSpec,
+    seed: u64,
+    threads: usize,
+    out: W,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<W, SynthError> {
+    let layout = synthetic_layout(spec)?;
+    write_laid_out(spec, &layout, seed, threads, out, progress)
+}
+
+/// [`write_synthetic`] with the layout already computed.
+fn write_laid_out<W: Write>(
+    spec: &SyntheticSpec,
+    layout: &GgufLayout,
+    seed: u64,
+    threads: usize,
+    out: W,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<W, SynthError> {
+    weights::check_quantizer(spec.weight_type)?;
+    let inits: Vec<Init> = plan(spec).into_iter().map(|(_, i)| i).collect();
+    let mut w = GgufStreamWriter::new(out, layout)?;
+    let total = layout.file_size;
+    progress(w.position(), total);
+    weights::write_tensors(
+        &layout.tensors,
+        &inits,
+        seed,
+        threads,
+        &mut w,
+        &mut |done| progress(done, total),
+    )?;
+    Ok(w.finish()?)
+}
+
+/// Build the model for `spec` and `seed` in memory (for tests and tiny models).
 ///
-/// Panics on a spec that cannot form a valid model (zero sizes, `n_heads` not a multiple of
-/// `n_kv_heads`, odd head size, a quantized row length that is not a multiple of the block
-/// length, or a vocabulary below [`SYNTHETIC_MIN_VOCAB`]): specs come from test code.
+/// # Panics
+/// On a spec that [`SyntheticSpec::check`] rejects: specs come from test code.
 pub fn synthetic_llama(spec: &SyntheticSpec, seed: u64) -> Vec<u8> {
-    let s = spec;
-    assert!(
-        s.n_layers > 0 && s.n_embd > 0 && s.n_heads > 0 && s.n_kv_heads > 0 && s.n_ff > 0,
-        "synthetic spec: sizes must be non-zero: {s:?}"
-    );
-    assert!(
-        s.n_embd.is_multiple_of(s.n_heads) && s.n_heads.is_multiple_of(s.n_kv_heads),
-        "synthetic spec: n_heads must divide n_embd and n_kv_heads divide n_heads: {s:?}"
-    );
-    let head_dim = s.n_embd / s.n_heads;
-    assert!(
-        head_dim.is_multiple_of(2),
-        "synthetic spec: head size {head_dim} must be even"
-    );
-    let block = s.weight_type.block_len() as usize;
-    assert!(
-        s.n_embd.is_multiple_of(block) && s.n_ff.is_multiple_of(block),
-        "synthetic spec: n_embd and n_ff must be multiples of the {} block length {block}",
-        s.weight_type.name()
-    );
-    assert!(
-        s.vocab >= SYNTHETIC_MIN_VOCAB,
-        "synthetic spec: vocab must be at least {SYNTHETIC_MIN_VOCAB}"
-    );
-    assert!(s.ctx > 0, "synthetic spec: ctx must be non-zero");
-
-    let mut w = GgufWriter::new();
-    let u32v = |v: usize| MetaValue::U32(v as u32);
-    w.meta("general.architecture", MetaValue::String("llama".into()))
-        .meta(
-            "general.name",
-            MetaValue::String("flashlm synthetic llama".into()),
-        )
-        .meta("llama.block_count", u32v(s.n_layers))
-        .meta("llama.context_length", u32v(s.ctx))
-        .meta("llama.embedding_length", u32v(s.n_embd))
-        .meta("llama.feed_forward_length", u32v(s.n_ff))
-        .meta("llama.attention.head_count", u32v(s.n_heads))
-        .meta("llama.attention.head_count_kv", u32v(s.n_kv_heads))
-        .meta("llama.rope.freq_base", MetaValue::F32(10000.0))
-        .meta("llama.rope.dimension_count", u32v(head_dim))
-        .meta(
-            "llama.attention.layer_norm_rms_epsilon",
-            MetaValue::F32(1e-5),
-        )
-        .meta("llama.vocab_size", u32v(s.vocab));
-
-    // Tokenizer: bytes, merged tokens, control tokens, padding.
-    let chars = byte_chars();
-    let mut tokens: Vec<String> = chars.iter().map(|c| c.to_string()).collect();
-    let mut types = vec![TOKEN_NORMAL; 256];
-    for m in SYNTHETIC_MERGES {
-        tokens.push(m.replace(' ', ""));
-        types.push(TOKEN_NORMAL);
+    match write_synthetic(spec, seed, 1, Vec::new(), &mut |_, _| {}) {
+        Ok(bytes) => bytes,
+        Err(e) => panic!("synthetic model {spec:?}: {e}"),
     }
-    let first_special = tokens.len();
-    for sp in SYNTHETIC_SPECIALS {
-        tokens.push(sp.to_string());
-        types.push(TOKEN_CONTROL);
-    }
-    for i in tokens.len()..s.vocab {
-        tokens.push(format!("[PAD{i}]"));
-        types.push(TOKEN_UNUSED);
-    }
-    let merges: Vec<String> = SYNTHETIC_MERGES.iter().map(|m| m.to_string()).collect();
-    let (eot, bos, eos) = (first_special, first_special + 1, first_special + 2);
-    w.meta("tokenizer.ggml.model", MetaValue::String("gpt2".into()))
-        .meta("tokenizer.ggml.pre", MetaValue::String("gpt2".into()))
-        .meta("tokenizer.ggml.tokens", strings(&tokens))
-        .meta(
-            "tokenizer.ggml.token_type",
-            MetaValue::Array(types.into_iter().map(MetaValue::I32).collect()),
-        )
-        .meta("tokenizer.ggml.merges", strings(&merges))
-        .meta("tokenizer.ggml.bos_token_id", u32v(bos))
-        .meta("tokenizer.ggml.eos_token_id", u32v(eos))
-        .meta("tokenizer.ggml.unknown_token_id", u32v(eot))
-        .meta("tokenizer.ggml.padding_token_id", u32v(eos))
-        .meta("tokenizer.ggml.add_bos_token", MetaValue::Bool(false))
-        .meta(
-            "tokenizer.chat_template",
-            MetaValue::String(CHAT_TEMPLATE.into()),
-        );
-
-    // Weights, drawn in a fixed order so a seed always gives the same model.
-    let mut rng = Rng::new(seed);
-    let ty = s.weight_type;
-    let mut matrix = |w: &mut GgufWriter, name: &str, cols: usize, rows: usize, std: f32| {
-        let vals: Vec<f32> = (0..rows * cols).map(|_| rng.normal() * std).collect();
-        w.tensor(name, &[cols as u64, rows as u64], ty, quantize(ty, &vals));
-    };
-    let inv_sqrt = |n: usize| 1.0 / (n as f32).sqrt();
-    let (e, kv) = (s.n_embd, s.n_kv_heads * head_dim);
-    matrix(&mut w, TOKEN_EMBD, e, s.vocab, inv_sqrt(e));
-    let mut norm_rng = Rng::new(seed ^ 0x5EED_0F4E_0F00_0001);
-    let mut norm = |w: &mut GgufWriter, name: &str, n: usize| {
-        let vals: Vec<f32> = (0..n).map(|_| 1.0 + 0.1 * norm_rng.normal()).collect();
-        w.tensor(
-            name,
-            &[n as u64],
-            GgmlType::F32,
-            quantize(GgmlType::F32, &vals),
-        );
-    };
-    for l in 0..s.n_layers {
-        let n = LayerNames::new(l);
-        norm(&mut w, &n.attn_norm, e);
-        matrix(&mut w, &n.attn_q, e, e, inv_sqrt(e));
-        matrix(&mut w, &n.attn_k, e, kv, inv_sqrt(e));
-        matrix(&mut w, &n.attn_v, e, kv, inv_sqrt(e));
-        matrix(&mut w, &n.attn_output, e, e, inv_sqrt(e));
-        norm(&mut w, &n.ffn_norm, e);
-        matrix(&mut w, &n.ffn_gate, e, s.n_ff, inv_sqrt(e));
-        matrix(&mut w, &n.ffn_up, e, s.n_ff, inv_sqrt(e));
-        matrix(&mut w, &n.ffn_down, s.n_ff, e, inv_sqrt(s.n_ff));
-    }
-    norm(&mut w, OUTPUT_NORM, e);
-    if s.untied_output {
-        matrix(&mut w, OUTPUT, e, s.vocab, inv_sqrt(e));
-    }
-    w.to_bytes()
 }
