@@ -3,6 +3,7 @@
 
 pub mod io;
 pub mod kv;
+pub mod s3;
 
 use std::sync::Arc;
 

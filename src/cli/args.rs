@@ -328,6 +328,23 @@ pub enum BenchKind {
         #[arg(long)]
         json: Option<PathBuf>,
     },
+    /// Scenario S3: a 7B-shaped Q4_K model (written once to the cache directory) under a
+    /// 512 MiB device budget and a 1 GiB host cache, each run its own process: ms/token against
+    /// the I/O bound, peak device bytes and peak resident memory against the budgets.
+    S3 {
+        /// The model file (default: synth-7b-q4k.gguf in the cache directory, written if absent).
+        #[arg(long, short = 'm')]
+        model: Option<PathBuf>,
+        /// Repetitions (medians are reported).
+        #[arg(long, default_value = "3", value_parser = parse_runs)]
+        runs: usize,
+        /// Tokens generated per run.
+        #[arg(short = 'n', long, default_value = "8", value_parser = parse_tokens)]
+        n: usize,
+        /// Write the figures as JSON.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
     /// Everything resident on the GPU: prefill and decode tok/s, matvec GB/s against a copy.
     Resident {
         #[command(flatten)]

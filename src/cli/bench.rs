@@ -98,6 +98,20 @@ pub fn bench(cli: &Cli, b: &BenchArgs) -> CliResult<()> {
             }
             Ok(())
         }
+        BenchKind::S3 {
+            model,
+            runs,
+            n,
+            json,
+        } => {
+            let report = crate::bench::s3::run(model.clone(), *runs, *n)?;
+            println!("{}", report.to_markdown());
+            if let Some(j) = json {
+                std::fs::write(j, serde_json::to_string_pretty(&report)?)
+                    .map_err(|e| format!("writing {}: {e}", j.display()))?;
+            }
+            Ok(())
+        }
         BenchKind::Kv {
             model,
             text,

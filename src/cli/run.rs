@@ -182,6 +182,8 @@ pub fn run(cli: &Cli, a: &RunArgs) -> CliResult<()> {
             "ms_per_token": stats.ms_per_token,
             "flash_bytes_per_token": stats.flash_bytes_per_token,
             "peak_device_bytes": stats.peak_device_bytes,
+            "peak_rss_bytes": crate::flash::peak_rss_bytes(),
+            "dram_budget": a.model.dram_budget,
             "overlap_efficiency": stats.overlap_efficiency,
             "upload_gb_s": stats.upload_gb_s,
             "flash_to_gpu_gb_s": stats.flash_to_gpu_gb_s,

@@ -199,12 +199,8 @@ fn progress_line(done: u64, total: u64, elapsed: Duration) -> String {
     )
 }
 
-/// This process's peak resident memory (`VmHWM`), in bytes, where /proc tells it.
 fn peak_rss() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    kib.checked_mul(1024)
+    crate::flash::peak_rss_bytes()
 }
 
 fn check_output(path: &Path, force: bool) -> CliResult<()> {

@@ -44,10 +44,19 @@ impl Engine {
                 .cloned()
                 .ok_or_else(|| EngineError::MissingTensor(name.to_string()))
         };
+        // Tensor bytes come through the weight source (the flash reader), one tensor at a time:
+        // no page of the file's map stays in this process and a file that shrinks is an error.
+        let read = |t: &crate::gguf::TensorInfo| -> Result<Vec<u8>, EngineError> {
+            let mut buf = vec![0u8; t.n_bytes as usize];
+            source
+                .read_into(t.offset, &mut buf)
+                .map_err(|e| EngineError::Flash(format!("{}: {e}", t.name)))?;
+            Ok(buf)
+        };
         let vector = |name: &str| -> Result<crate::gpu::GpuBuffer, EngineError> {
             let t = tensor(name)?;
             let mut v = vec![0f32; t.n_elements as usize];
-            quant::dequantize(t.ty, gguf.tensor_data(&t), &mut v);
+            quant::dequantize(t.ty, &read(&t)?, &mut v);
             Ok(ctx.storage_with(name, f32_bytes(&v))?)
         };
         let kv = &plan.kv;
@@ -68,8 +77,10 @@ impl Engine {
                 let mut m = Vec::with_capacity(7);
                 for (t, lay) in lw.files.iter().zip(&lw.layouts) {
                     load_bytes += t.n_bytes;
-                    m.push(lay.upload(&ctx, &t.name, gguf.tensor_data(t))?);
+                    m.push(lay.upload(&ctx, &t.name, &read(t)?)?);
                 }
+                // Keep the queued writes (host copies) to one layer at a time.
+                ctx.flush()?;
                 Some(Mats::from_vec(m)?)
             } else {
                 None
@@ -232,9 +243,7 @@ impl Engine {
         let hp = &plan.head;
         let head = if plan.placement.head_resident {
             load_bytes += hp.info.n_bytes;
-            let w = hp
-                .layout
-                .upload(&ctx, &hp.info.name, gguf.tensor_data(&hp.info))?;
+            let w = hp.layout.upload(&ctx, &hp.info.name, &read(&hp.info)?)?;
             let plan1 =
                 kernels::matmul(&ctx, &bufs.step, &w, &bufs.last_n, &bufs.logits, head_io(1))?;
             let rows_plan = if lr > 1 {
@@ -296,6 +305,9 @@ impl Engine {
             }
         };
         ctx.flush()?;
+        // The resident weights were read through the file's map: drop those pages from this
+        // process (the device holds its own copy).
+        gguf.release_pages();
         log::info!(
             "planned {} device bytes, {} in use; uploaded {load_bytes} bytes of resident weights in {:.2?}; {} pipelines",
             plan.total,

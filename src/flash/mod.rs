@@ -842,6 +842,14 @@ fn open_direct(path: &Path) -> Result<File, FlashError> {
     }
 }
 
+/// This process's peak resident memory (`VmHWM`), in bytes, where /proc tells it.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
 /// Fractions of a file's pages in the page cache before and after an eviction.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Residency {
