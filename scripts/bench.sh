@@ -12,7 +12,7 @@ cargo build --release
 mkdir -p bench-out
 B=./target/release/flashlm
 want=("$@")
-[ ${#want[@]} -eq 0 ] && want=(resident io stream kv)
+[ ${#want[@]} -eq 0 ] && want=(resident io stream kv types s3)
 machine() {
   echo "Machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo) RAM, $(uname -m); $($B --list-adapters 2>/dev/null | head -1); $(date -u +%Y-%m-%d)"
 }
@@ -22,7 +22,9 @@ for w in "${want[@]}"; do
     io)       cmd=($B bench io --bytes 64MiB --json bench-out/io.json --plot bench-out/io.svg) ;;
     stream)   cmd=($B bench stream --io direct --runs 3 --json bench-out/stream.json) ;;
     kv)       cmd=($B bench kv --io direct --runs 3 --json bench-out/kv.json) ;;
-    *) echo "unknown benchmark $w (resident, io, stream, kv)" >&2; exit 2 ;;
+    types)    cmd=($B bench types --runs 3 --json bench-out/types.json) ;;
+    s3)       cmd=($B bench s3 --runs 3 -n 8 --json bench-out/s3.json) ;;
+    *) echo "unknown benchmark $w (resident, io, stream, kv, types, s3)" >&2; exit 2 ;;
   esac
   echo "## $w: ${cmd[*]}" >&2
   {

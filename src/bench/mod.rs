@@ -4,6 +4,7 @@
 pub mod io;
 pub mod kv;
 pub mod s3;
+pub mod types;
 
 use std::sync::Arc;
 

@@ -345,6 +345,19 @@ pub enum BenchKind {
         #[arg(long)]
         json: Option<PathBuf>,
     },
+    /// Resident prefill and decode tok/s per weight type on the default model's shape
+    /// (synthetic weights, written once to the cache directory).
+    Types {
+        /// Types to compare (default: every supported quantized type and F16).
+        #[arg(long, value_delimiter = ',')]
+        types: Vec<String>,
+        /// Repetitions (medians are reported).
+        #[arg(long, default_value = "3", value_parser = parse_runs)]
+        runs: usize,
+        /// Write the figures as JSON.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
     /// Everything resident on the GPU: prefill and decode tok/s, matvec GB/s against a copy.
     Resident {
         #[command(flatten)]

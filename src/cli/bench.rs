@@ -98,6 +98,32 @@ pub fn bench(cli: &Cli, b: &BenchArgs) -> CliResult<()> {
             }
             Ok(())
         }
+        BenchKind::Types { types, runs, json } => {
+            let list = if types.is_empty() {
+                crate::bench::types::TYPES.to_vec()
+            } else {
+                types
+                    .iter()
+                    .map(|t| super::synth::parse_type(t))
+                    .collect::<Result<Vec<_>, _>>()?
+            };
+            let base = crate::engine::EngineOptions {
+                gpu: GpuOptions {
+                    backend: cli.backend.clone(),
+                    adapter: cli.adapter.clone(),
+                    budget: None,
+                    matmul_layout: None,
+                },
+                ..Default::default()
+            };
+            let report = crate::bench::types::run(&base, &list, *runs)?;
+            println!("{}", report.to_markdown());
+            if let Some(j) = json {
+                std::fs::write(j, serde_json::to_string_pretty(&report)?)
+                    .map_err(|e| format!("writing {}: {e}", j.display()))?;
+            }
+            Ok(())
+        }
         BenchKind::S3 {
             model,
             runs,

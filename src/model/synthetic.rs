@@ -176,12 +176,12 @@ impl SyntheticSpec {
         if !head_dim.is_multiple_of(2) {
             return bad(format!("the head size {head_dim} must be even"));
         }
-        let block = s.weight_type.block_len();
         for (what, v) in [("embedding size", s.n_embd), ("feed-forward size", s.n_ff)] {
+            let ty = row_type(s.weight_type, v as u64);
+            let block = ty.block_len();
             if !(v as u64).is_multiple_of(block) {
                 return bad(format!(
-                    "the {what} {v} is not a multiple of the {} block length {block}",
-                    s.weight_type
+                    "the {what} {v} is not a multiple of the {ty} block length {block}"
                 ));
             }
         }
@@ -196,6 +196,22 @@ impl SyntheticSpec {
 
     fn head_dim(&self) -> usize {
         self.n_embd / self.n_heads
+    }
+}
+
+/// The type a matrix of rows `cols` long is stored in: `ty`, or, when the rows are not whole
+/// 256-weight super-blocks, the type llama.cpp's quantizer falls back to (Q2_K, Q3_K, IQ4_XS:
+/// IQ4_NL; Q4_K: Q5_0; Q5_K: Q5_1; Q6_K: Q8_0).
+pub fn row_type(ty: GgmlType, cols: u64) -> GgmlType {
+    if cols.is_multiple_of(ty.block_len()) {
+        return ty;
+    }
+    match ty {
+        GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::IQ4_XS => GgmlType::IQ4_NL,
+        GgmlType::Q4_K => GgmlType::Q5_0,
+        GgmlType::Q5_K => GgmlType::Q5_1,
+        GgmlType::Q6_K => GgmlType::Q8_0,
+        other => other,
     }
 }
 
@@ -238,7 +254,7 @@ fn plan(s: &SyntheticSpec) -> Vec<(TensorEntry, Init)> {
         let entry = TensorEntry {
             name: name.to_string(),
             dims: vec![cols, rows],
-            ty,
+            ty: row_type(ty, cols),
         };
         let std = 1.0 / (cols as f32).sqrt();
         (entry, Init::Normal { mean: 0.0, std })
