@@ -303,3 +303,31 @@ fn synthetic_every_budget_both_io_modes() {
     }
     let _ = std::fs::remove_file(&path);
 }
+
+#[test]
+fn in_place_and_staging_uploads_give_identical_tokens() {
+    use flashlm::engine::UploadMode;
+    let Some(ctx) = common::gpu() else { return };
+    if !ctx.mappable {
+        eprintln!("skipping: the adapter has no mappable storage buffers");
+        return;
+    }
+    drop(ctx);
+    let spec = SyntheticSpec::tiny(GgmlType::Q4_1);
+    let gguf = Arc::new(GgufFile::from_bytes(synthetic_llama(&spec, 8)).unwrap());
+    let prompt = [5, 9, 44, 17, 3, 99, 120];
+    let mut got = Vec::new();
+    for mode in [UploadMode::Staging, UploadMode::InPlace] {
+        let mut o = opts(None, 32);
+        o.upload = mode;
+        o.resident = ResidentSpec::parse("none", spec.n_layers).unwrap();
+        let mut e = Engine::new(gguf.clone(), &o).unwrap();
+        assert!(e.placement.streaming);
+        assert_eq!(e.in_place, mode == UploadMode::InPlace);
+        let r = run(&mut e, &prompt, 8);
+        assert_eq!(e.ctx.budget.peak(), e.plan.total);
+        got.push(r);
+    }
+    assert_eq!(got[0].0, got[1].0);
+    assert!(got[0].1 == got[1].1, "first-step logits differ");
+}

@@ -123,6 +123,11 @@ pub struct ModelArgs {
     /// What stays on the GPU: auto (from the budget), all, none, or a list such as 0-9,head.
     #[arg(long, default_value = "auto")]
     pub resident: String,
+    /// How streamed weights reach the GPU: auto (in place where device memory is host memory,
+    /// else staging), staging (read into the staging ring, copied by the device) or in-place
+    /// (read straight into mapped layer slots).
+    #[arg(long, default_value = "auto")]
+    pub upload: crate::engine::UploadMode,
     /// Streamed layers read ahead of the one computing.
     #[arg(long, default_value = "1", value_parser = parse_prefetch)]
     pub prefetch: usize,

@@ -66,6 +66,7 @@ pub fn engine_options(cli: &Cli, m: &ModelArgs, n_layers: usize) -> CliResult<En
         kv_window: m.kv_window,
         kv_select,
         kv_dir: m.kv_dir.clone(),
+        upload: m.upload,
         resident: ResidentSpec::parse(&m.resident, n_layers)?,
         ..Default::default()
     })

@@ -33,7 +33,21 @@ impl Engine {
         let t0 = Instant::now();
         let cfg = ModelConfig::from_gguf(&gguf)?;
         let ctx = Arc::new(GpuContext::new(&opts.gpu)?);
+        let in_place = match opts.upload {
+            // Measured on lavapipe (S1, side by side): through the staging ring 155-158
+            // ms/token, in place 267-295 (the I/O thread cannot read a layer before the device
+            // has finished the layer that last used its slot). Integrated GPUs are unmeasured.
+            super::UploadMode::Auto => {
+                ctx.mappable && ctx.info.device_type == wgpu::DeviceType::IntegratedGpu
+            }
+            super::UploadMode::Staging => false,
+            super::UploadMode::InPlace if ctx.mappable => true,
+            super::UploadMode::InPlace => {
+                return Err(EngineError::InPlaceUnsupported(ctx.describe()));
+            }
+        };
         let mut popts = opts.plan_options();
+        popts.in_place = in_place;
         if opts.profile && ctx.timestamps {
             popts.extra_bytes += crate::gpu::profile::PROFILE_BYTES;
         }
@@ -109,7 +123,7 @@ impl Engine {
             for s in 0..plan.placement.slots {
                 let mut m = Vec::with_capacity(7);
                 for (t, lay) in lw.files.iter().zip(&lw.layouts) {
-                    m.push(lay.alloc(&ctx, &format!("slot{s}.{}", t.name))?);
+                    m.push(lay.alloc(&ctx, &format!("slot{s}.{}", t.name), in_place)?);
                 }
                 slots.push(Mats::from_vec(m)?);
             }
@@ -264,10 +278,14 @@ impl Engine {
                 rows_plan,
             }
         } else {
-            let slots_h = [
-                ctx.storage("head slot 0", hp.chunk_bytes)?,
-                ctx.storage("head slot 1", hp.chunk_bytes)?,
-            ];
+            let head_slot = |name: &str| {
+                if in_place {
+                    ctx.mappable_storage(name, hp.chunk_bytes)
+                } else {
+                    ctx.storage(name, hp.chunk_bytes)
+                }
+            };
+            let slots_h = [head_slot("head slot 0")?, head_slot("head slot 1")?];
             let build = |rows: u32| -> Result<Vec<kernels::Dispatch>, EngineError> {
                 let mut out = Vec::new();
                 let mut r0 = 0u32;
@@ -376,6 +394,7 @@ impl Engine {
             tracer,
             profiler,
             profiling: opts.profile,
+            in_place,
             load_bytes,
             load_time: std::time::Duration::ZERO,
             plan,

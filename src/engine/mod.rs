@@ -84,6 +84,10 @@ pub enum EngineError {
     BadToken { id: u32, vocab: usize },
     #[error("the prompt is empty: nothing to condition on")]
     EmptyPrompt,
+    #[error(
+        "in-place uploads need an adapter whose storage buffers the host can map ({0} has none); use --upload staging or auto"
+    )]
+    InPlaceUnsupported(String),
     #[error("writing the trace failed: {0}")]
     Trace(std::io::Error),
 }
@@ -163,6 +167,34 @@ pub struct EngineOptions {
     pub logit_rows: usize,
     /// Time every kernel with GPU timestamp queries (`--profile`).
     pub profile: bool,
+    /// How streamed weights reach their slots.
+    pub upload: UploadMode,
+}
+
+/// How streamed weights reach their layer slots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UploadMode {
+    /// In place on integrated GPUs that offer mappable storage buffers, else through the
+    /// staging ring (CPU rasterizers included: measured faster there).
+    Auto,
+    /// Read into the staging ring, then copied into the slots by the device.
+    Staging,
+    /// Read straight into mapped layer slots (no staging copy); needs mappable storage buffers.
+    InPlace,
+}
+
+impl std::str::FromStr for UploadMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "staging" => Ok(Self::Staging),
+            "in-place" => Ok(Self::InPlace),
+            _ => Err(format!(
+                "unknown upload mode {s:?}: expected auto, staging or in-place"
+            )),
+        }
+    }
 }
 
 impl Default for EngineOptions {
@@ -185,6 +217,7 @@ impl Default for EngineOptions {
             kv_dir: None,
             logit_rows: 1,
             profile: false,
+            upload: UploadMode::Auto,
         }
     }
 }
@@ -206,6 +239,7 @@ impl EngineOptions {
             kv_select: self.kv_select,
             logit_rows: self.logit_rows,
             extra_bytes: 0,
+            in_place: false,
         }
     }
 }
@@ -274,6 +308,8 @@ pub struct Engine {
     pub profiler: Option<crate::gpu::profile::Profiler>,
     /// `--profile` was asked for (with or without timestamp queries).
     pub profiling: bool,
+    /// Streamed weights are written in place into mappable slots.
+    pub in_place: bool,
     /// Bytes uploaded at load.
     pub load_bytes: u64,
     pub load_time: Duration,

@@ -63,7 +63,11 @@ impl Engine {
             }
             hints.push((t.offset, t.n_bytes));
         }
-        self.weight_tickets[si] = Some(self.io_.weights(reqs, hints));
+        self.weight_tickets[si] = Some(if self.in_place {
+            self.io_.weights_in_place(reqs, hints)
+        } else {
+            self.io_.weights(reqs, hints)
+        });
     }
 
     /// Wait for a job and account for it.
@@ -540,8 +544,16 @@ impl Engine {
             plan.iter().collect()
         };
         let mut tickets: std::collections::VecDeque<Ticket<JobResult>> = Default::default();
+        let in_place = self.in_place;
+        let queue = |io: &super::upload::Uploader, reqs| {
+            if in_place {
+                io.weights_in_place(reqs, Vec::new())
+            } else {
+                io.weights(reqs, Vec::new())
+            }
+        };
         for c in 0..n_chunks.min(2) {
-            tickets.push_back(self.io_.weights(job(c), Vec::new()));
+            tickets.push_back(queue(&self.io_, job(c)));
         }
         let mut encs = Vec::with_capacity(n_chunks);
         for d in &dispatches {
@@ -571,7 +583,7 @@ impl Engine {
                     dst: slots[c % 2].buffer.clone(),
                     dst_offset: 0,
                 }];
-                tickets.push_back(self.io_.weights(req, Vec::new()));
+                tickets.push_back(queue(&self.io_, req));
             }
         }
         Ok(())

@@ -129,6 +129,38 @@ impl Uploader {
         })
     }
 
+    /// Queue weight ranges read straight into mappable device buffers (no staging copy): each
+    /// destination is mapped once the device is done with it, filled from the file, unmapped.
+    pub fn weights_in_place(
+        &self,
+        reqs: Vec<OwnedReq>,
+        hints: Vec<(u64, u64)>,
+    ) -> Ticket<JobResult> {
+        let ctx = self.ctx.clone();
+        let source = self.source.clone();
+        let t0 = self.t0;
+        self.queue.submit(Priority::Weights, move || {
+            let start = t0.elapsed().as_secs_f64();
+            let mut upload = UploadStats::default();
+            for r in &reqs {
+                let (w, rd) = fill_in_place(&ctx, source.as_ref(), r)?;
+                upload.wait_s += w;
+                upload.read_s += rd;
+                upload.bytes += r.len;
+                upload.chunks += 1;
+            }
+            for (off, len) in hints {
+                source.release(off, len);
+            }
+            Ok(JobReport {
+                upload,
+                start,
+                end: t0.elapsed().as_secs_f64(),
+                kv: KvFetch::default(),
+            })
+        })
+    }
+
     /// Queue KV pages of (seq, layer) into stream-pool slots: (page, slot) pairs. Pages come
     /// from a prefetch, the host cache, or the page file (runs of consecutive pages in one
     /// read); pages read from flash enter the host cache under `admit`.
@@ -284,6 +316,67 @@ fn read_runs(
         k = e;
     }
     Ok(())
+}
+
+/// Map `r.dst` for writing (once the device has finished the work queued on it), read the
+/// source range into it and unmap; returns (seconds waiting for the map, seconds reading).
+fn fill_in_place(
+    ctx: &GpuContext,
+    src: &dyn WeightSource,
+    r: &OwnedReq,
+) -> Result<(f64, f64), String> {
+    let padded = r.len.div_ceil(4) * 4;
+    let end = r.dst_offset + padded;
+    if !r.dst_offset.is_multiple_of(8) || end > r.dst.size() {
+        return Err(format!(
+            "in-place upload range [{}, {end}) does not fit the {}-byte buffer",
+            r.dst_offset,
+            r.dst.size()
+        ));
+    }
+    let t = Instant::now();
+    let (tx, rx) = std::sync::mpsc::channel();
+    r.dst
+        .slice(r.dst_offset..end)
+        .map_async(wgpu::MapMode::Write, move |res| {
+            let _ = tx.send(res);
+        });
+    // Callbacks run inside some thread's poll: poll without blocking on other work.
+    let mapped = loop {
+        match rx.recv_timeout(std::time::Duration::from_micros(200)) {
+            Ok(res) => break res,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                ctx.device
+                    .poll(wgpu::PollType::Poll)
+                    .map_err(|e| e.to_string())?;
+                if t.elapsed().as_secs() > 120 {
+                    return Err("mapping a layer slot timed out".to_string());
+                }
+            }
+            Err(e) => return Err(e.to_string()),
+        }
+    };
+    mapped.map_err(|e| format!("mapping a layer slot failed: {e}"))?;
+    let waited = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let res = {
+        let mut view = r
+            .dst
+            .slice(r.dst_offset..end)
+            .get_mapped_range_mut()
+            .map_err(|e| e.to_string())?;
+        let mut w = view.slice(..);
+        let len = w.len();
+        let ptr = w.as_raw_element_ptr();
+        // SAFETY: `view` maps exactly `len` bytes, held exclusively until this block ends; the
+        // memory is initialized (wgpu zero-fills buffers) and only written here.
+        let bytes: &mut [u8] = unsafe { std::slice::from_raw_parts_mut(ptr.as_ptr(), len) };
+        bytes[r.len as usize..].fill(0);
+        src.read_into(r.src_offset, &mut bytes[..r.len as usize])
+    };
+    r.dst.unmap();
+    res.map_err(|e| format!("reading {} bytes at {}: {e}", r.len, r.src_offset))?;
+    Ok((waited, t.elapsed().as_secs_f64()))
 }
 
 fn run_batch(

@@ -491,6 +491,18 @@ impl GpuContext {
         }
     }
 
+    /// A storage buffer the host can also map for writing (needs [`GpuContext::mappable`]).
+    pub fn mappable_storage(&self, label: &str, size: u64) -> Result<GpuBuffer, GpuError> {
+        self.buffer(
+            label,
+            size,
+            wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::MAP_WRITE
+                | wgpu::BufferUsages::COPY_DST
+                | wgpu::BufferUsages::COPY_SRC,
+        )
+    }
+
     /// A storage buffer of `size` bytes (contents zero).
     pub fn storage(&self, label: &str, size: u64) -> Result<GpuBuffer, GpuError> {
         self.buffer(

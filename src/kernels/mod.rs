@@ -221,15 +221,23 @@ impl WeightLayout {
         (0..self.parts.len()).map(|i| self.part_bytes(i)).sum()
     }
 
-    /// Empty device buffers for the parts (a layer slot filled by uploads).
-    pub fn alloc(&self, ctx: &GpuContext, label: &str) -> Result<GpuWeight, KernelError> {
+    /// Empty device buffers for the parts (a layer slot filled by uploads); `mappable`: the
+    /// host can map them to write in place.
+    pub fn alloc(
+        &self,
+        ctx: &GpuContext,
+        label: &str,
+        mappable: bool,
+    ) -> Result<GpuWeight, KernelError> {
         let mut parts = Vec::with_capacity(self.parts.len());
         for (i, &(r0, n)) in self.parts.iter().enumerate() {
-            parts.push((
-                ctx.storage(&format!("{label}[{r0}..]"), self.part_bytes(i))?,
-                r0,
-                n,
-            ));
+            let name = format!("{label}[{r0}..]");
+            let buf = if mappable {
+                ctx.mappable_storage(&name, self.part_bytes(i))?
+            } else {
+                ctx.storage(&name, self.part_bytes(i))?
+            };
+            parts.push((buf, r0, n));
         }
         Ok(self.with_parts(parts))
     }

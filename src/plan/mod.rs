@@ -79,6 +79,9 @@ pub struct PlanOptions {
     pub logit_rows: usize,
     /// Device bytes allocated besides the plan's own (e.g. the profiler's buffers).
     pub extra_bytes: u64,
+    /// Streamed weights are written in place into mappable layer slots (device memory is host
+    /// memory): the staging ring then only carries KV pages, so it needs no layer's worth.
+    pub in_place: bool,
 }
 
 impl Default for PlanOptions {
@@ -98,6 +101,7 @@ impl Default for PlanOptions {
             kv_select: None,
             logit_rows: 1,
             extra_bytes: 0,
+            in_place: false,
         }
     }
 }
@@ -296,7 +300,10 @@ impl ExecPlan {
             .unwrap_or(1);
         // Uploads queue behind the compute already submitted, so a staging slot comes back
         // only when the GPU has passed that point: hold a whole layer to never stall on it.
-        let ring_slots = if o.ring_slots == 0 {
+        let ring_slots = if o.ring_slots == 0 && o.in_place {
+            // KV pages and output-head chunks only: a few slots.
+            (crate::gpu::staging::slots_for(o.head_chunk, 1, ring_chunk) + 2).clamp(3, 64)
+        } else if o.ring_slots == 0 {
             (crate::gpu::staging::slots_for(largest_layer, pieces, ring_chunk) + 1).clamp(3, 64)
         } else {
             o.ring_slots
