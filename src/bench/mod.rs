@@ -221,6 +221,10 @@ impl StreamReport {
     }
 }
 
+/// One streaming run: median ms/token, its figures, whether the cache was cold, the placement,
+/// the budget, the raw cold read beside it.
+type RunFigures = (f64, crate::engine::GenStats, bool, String, u64, f64);
+
 /// Evict the model file from the page cache, then read it once sequentially: GB/s.
 pub fn raw_cold_read(path: &std::path::Path) -> Result<(f64, bool), Box<dyn std::error::Error>> {
     use std::io::Read;
@@ -275,7 +279,7 @@ pub fn stream(
         let mut opts = base.clone();
         opts.gpu.budget = sc.budget;
         opts.ctx = Some(prompt_tokens + n_gen);
-        let mut per_run: Vec<(f64, crate::engine::GenStats, bool, String, u64, f64)> = Vec::new();
+        let mut per_run: Vec<RunFigures> = Vec::new();
         for _ in 0..runs.max(1) {
             // The disk's rate moves between runs: a raw cold read beside every run.
             model.gguf.release_pages();
@@ -318,7 +322,7 @@ pub fn stream(
                 r,
             ));
         }
-        let m = |f: &dyn Fn(&(f64, crate::engine::GenStats, bool, String, u64, f64)) -> f64| {
+        let m = |f: &dyn Fn(&RunFigures) -> f64| {
             let mut v: Vec<f64> = per_run.iter().map(f).collect();
             median(&mut v)
         };

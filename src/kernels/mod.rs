@@ -96,9 +96,9 @@ pub fn record_all_with(
     encoder: &mut wgpu::CommandEncoder,
     list: &[Dispatch],
     n_tokens: u32,
-    mut prof: Option<&mut crate::gpu::profile::Profiler>,
+    prof: Option<&mut crate::gpu::profile::Profiler>,
 ) {
-    let Some(p) = prof.as_deref_mut() else {
+    let Some(p) = prof else {
         return record_all(encoder, list, n_tokens);
     };
     let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
