@@ -50,6 +50,11 @@ pub struct ResidentReport {
     pub matvec_gb_s: f64,
     pub memcpy_gb_s: f64,
     pub matvec_over_memcpy: f64,
+    /// A kernel streaming the same weight bytes with one XOR per 16 bytes.
+    pub roofline_gb_s: f64,
+    pub matvec_over_roofline: f64,
+    /// Microseconds per empty dispatch (2000 in one submission).
+    pub dispatch_us: f64,
     pub peak_device_bytes: u64,
 }
 
@@ -66,6 +71,9 @@ impl ResidentReport {
              | quantized matvec, GB/s of weight bytes (median) | {:.2} |\n\
              | device memcpy of the same bytes, GB/s (median) | {:.2} |\n\
              | matvec / memcpy | {:.2} |\n\
+             | roofline kernel (one XOR per 16 bytes), GB/s of the same bytes (median) | {:.2} |\n\
+             | matvec / roofline | {:.2} |\n\
+             | empty dispatch, µs each (2000 in one submission, median) | {:.1} |\n\
              | peak device bytes | {} |",
             self.adapter,
             self.backend,
@@ -79,6 +87,9 @@ impl ResidentReport {
             self.matvec_gb_s,
             self.memcpy_gb_s,
             self.matvec_over_memcpy,
+            self.roofline_gb_s,
+            self.matvec_over_roofline,
+            self.dispatch_us,
             self.peak_device_bytes
         )
     }
@@ -127,8 +138,17 @@ pub fn resident(
         let t = engine.time_weight_copies(reps)?;
         cp.push((bytes * reps as u64) as f64 / t / 1e9);
     }
+    let (mut rf, mut ov) = (Vec::new(), Vec::new());
+    engine.time_roofline(1)?;
+    for _ in 0..runs {
+        let t = engine.time_roofline(reps)?;
+        rf.push((bytes * reps as u64) as f64 / t / 1e9);
+        ov.push(engine.time_empty_dispatch(2000)? * 1e6);
+    }
     let matvec_gb_s = median(&mut mv);
     let memcpy_gb_s = median(&mut cp);
+    let roofline_gb_s = median(&mut rf);
+    let dispatch_us = median(&mut ov);
     Ok(ResidentReport {
         adapter: engine.ctx.info.name.clone(),
         backend: engine.ctx.backend_name(),
@@ -142,6 +162,9 @@ pub fn resident(
         matvec_gb_s,
         memcpy_gb_s,
         matvec_over_memcpy: matvec_gb_s / memcpy_gb_s.max(1e-12),
+        roofline_gb_s,
+        matvec_over_roofline: matvec_gb_s / roofline_gb_s.max(1e-12),
+        dispatch_us,
         peak_device_bytes: engine.ctx.budget.peak(),
     })
 }

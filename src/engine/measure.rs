@@ -84,4 +84,65 @@ impl Engine {
         self.ctx.wait()?;
         Ok(t0.elapsed().as_secs_f64())
     }
+
+    /// Stream every resident weight buffer `reps` times with the roofline kernel (one XOR per
+    /// 16 bytes); returns seconds.
+    pub fn time_roofline(&mut self, reps: usize) -> Result<f64, EngineError> {
+        let mut parts: Vec<&GpuBuffer> = Vec::new();
+        for l in &self.layers {
+            if let Some(m) = &l.mats {
+                for w in m.all() {
+                    parts.extend(w.parts.iter().map(|p| &p.0));
+                }
+            }
+        }
+        if let Head::Resident { w, .. } = &self.head {
+            parts.extend(w.parts.iter().map(|p| &p.0));
+        }
+        // About 16 words per thread: enough workgroups to fill a device, few enough that
+        // starting them costs little; each writes one word.
+        let groups = |bytes: u64| (bytes / 16).div_ceil(256 * 16).clamp(1, 65_535) as u32;
+        let max_groups = parts.iter().map(|b| groups(b.size)).max().unwrap_or(1);
+        let out = self.ctx.storage("roofline out", max_groups as u64 * 4)?;
+        let list: Vec<Dispatch> = parts
+            .iter()
+            .map(|b| {
+                let n = b.size / 16 * 16;
+                crate::kernels::roofline(&self.ctx, &self.bufs.step, b, n, &out, groups(n))
+            })
+            .collect::<Result<_, _>>()?;
+        self.ctx.wait()?;
+        let t0 = Instant::now();
+        let mut enc = self.ctx.device.create_command_encoder(&Default::default());
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            for _ in 0..reps {
+                for d in &list {
+                    d.record(&mut pass, 1);
+                }
+            }
+        }
+        self.ctx.queue.submit([enc.finish()]);
+        self.ctx.wait()?;
+        Ok(t0.elapsed().as_secs_f64())
+    }
+
+    /// Seconds per dispatch of an empty kernel, `n` of them in one submission.
+    pub fn time_empty_dispatch(&mut self, n: usize) -> Result<f64, EngineError> {
+        let src = self.ctx.storage("empty src", 16)?;
+        let dst = self.ctx.storage("empty dst", 16)?;
+        let d = crate::kernels::empty_dispatch(&self.ctx, &self.bufs.step, &src, &dst)?;
+        self.ctx.wait()?;
+        let t0 = Instant::now();
+        let mut enc = self.ctx.device.create_command_encoder(&Default::default());
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            for _ in 0..n {
+                d.record(&mut pass, 1);
+            }
+        }
+        self.ctx.queue.submit([enc.finish()]);
+        self.ctx.wait()?;
+        Ok(t0.elapsed().as_secs_f64() / n.max(1) as f64)
+    }
 }

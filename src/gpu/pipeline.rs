@@ -24,6 +24,7 @@ pub fn shader_source(name: &str) -> Option<&'static str> {
         "attention" => include_str!("../../shaders/attention.wgsl"),
         "elementwise" => include_str!("../../shaders/elementwise.wgsl"),
         "kv" => include_str!("../../shaders/kv.wgsl"),
+        "roofline" => include_str!("../../shaders/roofline.wgsl"),
         "matmul_quant" => include_str!("../../shaders/matmul_quant.wgsl"),
         _ => return None,
     })

@@ -190,3 +190,61 @@ pub fn rope_table_at(positions: &[u32], rope_dim: u32, base: f32) -> Vec<f32> {
     }
     out
 }
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+struct RooflineParams {
+    n4: u32,
+    _pad: [u32; 3],
+}
+
+/// Stream every 16-byte word of `src` (its first `bytes`, a multiple of 16) with one XOR each,
+/// over `workgroups` workgroups writing one word each into `dst`: the memory roofline.
+pub fn roofline(
+    ctx: &GpuContext,
+    step: &wgpu::Buffer,
+    src: &wgpu::Buffer,
+    bytes: u64,
+    dst: &wgpu::Buffer,
+    workgroups: u32,
+) -> Result<Dispatch, KernelError> {
+    let pipeline = ctx
+        .pipelines
+        .get(&ctx.device, "roofline", "main", &Defines::new())?;
+    let n4 = u32::try_from(bytes / 16).map_err(|_| KernelError::Shape {
+        kernel: "roofline",
+        problem: format!("{bytes} bytes is too many"),
+    })?;
+    let params = params_buffer(ctx, "roofline params", &RooflineParams { n4, _pad: [0; 3] })?;
+    Ok(make_dispatch(
+        ctx,
+        "roofline",
+        pipeline,
+        params,
+        &[step, src, dst],
+        [workgroups.max(1), 1, 1],
+        TokenAxis::Fixed,
+    ))
+}
+
+/// A dispatch of one workgroup that does nothing (per-dispatch overhead).
+pub fn empty_dispatch(
+    ctx: &GpuContext,
+    step: &wgpu::Buffer,
+    src: &wgpu::Buffer,
+    dst: &wgpu::Buffer,
+) -> Result<Dispatch, KernelError> {
+    let pipeline = ctx
+        .pipelines
+        .get(&ctx.device, "roofline", "empty", &Defines::new())?;
+    let params = params_buffer(ctx, "empty params", &RooflineParams::default())?;
+    Ok(make_dispatch(
+        ctx,
+        "empty",
+        pipeline,
+        params,
+        &[step, src, dst],
+        [1, 1, 1],
+        TokenAxis::Fixed,
+    ))
+}
