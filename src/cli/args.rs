@@ -43,6 +43,26 @@ pub enum Command {
         #[arg(long, short = 'm', conflicts_with = "path")]
         model: Option<PathBuf>,
     },
+    /// Measure this machine's constants for the performance model (flash, upload, kernel and
+    /// attention rates, dispatch cost, overlap) and save them to the cache directory.
+    Calibrate {
+        /// The model whose shapes and file are measured (default: the default model).
+        #[arg(long, short = 'm')]
+        model: Option<PathBuf>,
+    },
+    /// Print the placement a run would choose and its predicted ms/token (compute, weight I/O,
+    /// KV I/O) and time to first token, from the calibration (no GPU is used).
+    Plan {
+        #[command(flatten)]
+        model: ModelArgs,
+        /// Prompt tokens for the time to first token (and the context of the prediction).
+        #[arg(long, default_value = "64", value_parser = parse_tokens)]
+        prompt_tokens: usize,
+        /// The device's largest storage binding, in bytes (default: 128MiB, the smallest
+        /// common limit).
+        #[arg(long, value_parser = parse_size_arg)]
+        max_binding: Option<u64>,
+    },
     /// Show what a saved session file holds (tokens, pages, sizes, the model it belongs to).
     SessionInfo {
         /// The session file.
@@ -107,9 +127,10 @@ pub struct ModelArgs {
     #[arg(long, value_parser = parse_size_arg)]
     pub gpu_budget: Option<u64>,
     /// How the model file and the KV page file are read and written: direct (bypasses the
-    /// page cache, so bytes per token are true flash reads) or mmap.
-    #[arg(long, default_value = "direct")]
-    pub io: IoMode,
+    /// page cache, so bytes per token are true flash reads) or mmap. Default: the planner's
+    /// choice when this machine is calibrated (`flashlm calibrate`), else direct.
+    #[arg(long)]
+    pub io: Option<IoMode>,
     /// Reader threads per read.
     #[arg(long, default_value = "4", value_parser = parse_io_threads)]
     pub io_threads: usize,
@@ -128,9 +149,10 @@ pub struct ModelArgs {
     /// (read straight into mapped layer slots).
     #[arg(long, default_value = "auto")]
     pub upload: crate::engine::UploadMode,
-    /// Streamed layers read ahead of the one computing.
-    #[arg(long, default_value = "1", value_parser = parse_prefetch)]
-    pub prefetch: usize,
+    /// Streamed layers read ahead of the one computing. Default: the planner's choice when this
+    /// machine is calibrated, else 1.
+    #[arg(long, value_parser = parse_prefetch)]
+    pub prefetch: Option<usize>,
     /// Tokens per forward batch (prefill).
     #[arg(long, default_value = "64", value_parser = parse_ubatch)]
     pub ubatch: usize,
@@ -154,6 +176,13 @@ pub struct ModelArgs {
     /// removed at exit.
     #[arg(long)]
     pub kv_dir: Option<PathBuf>,
+}
+
+impl ModelArgs {
+    /// The I/O mode asked for, else direct.
+    pub fn io_mode(&self) -> IoMode {
+        self.io.unwrap_or(IoMode::Direct)
+    }
 }
 
 #[derive(Args, Debug, Clone)]

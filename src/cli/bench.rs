@@ -33,7 +33,7 @@ pub fn bench(cli: &Cli, b: &BenchArgs) -> CliResult<()> {
             let mut scenarios = vec![crate::bench::Scenario {
                 name: "all resident".into(),
                 budget: None,
-                io: model.io,
+                io: model.io_mode(),
             }];
             for (i, b) in budgets.iter().enumerate() {
                 scenarios.push(crate::bench::Scenario {
@@ -43,7 +43,7 @@ pub fn bench(cli: &Cli, b: &BenchArgs) -> CliResult<()> {
                         format!("budget {:.1} MiB", *b as f64 / 1048576.0)
                     },
                     budget: Some(*b),
-                    io: model.io,
+                    io: model.io_mode(),
                 });
             }
             let report = crate::bench::stream(&m, &base, &scenarios, *prompt_tokens, *n, *runs)?;
@@ -154,7 +154,7 @@ pub fn bench(cli: &Cli, b: &BenchArgs) -> CliResult<()> {
             let report = crate::bench::kv::run(&crate::bench::kv::KvBenchOptions {
                 model: &m,
                 base,
-                io: model.io,
+                io: model.io_mode(),
                 text: text.clone(),
                 prompt_tokens: *prompt_tokens,
                 n_gen: *n,

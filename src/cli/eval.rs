@@ -36,7 +36,7 @@ pub fn eval(cli: &Cli, e: &EvalArgs) -> CliResult<()> {
             let mut opts = engine_options(cli, model, m.cfg.n_layers)?;
             opts.ctx = Some(ctx);
             opts.logit_rows = if model.gpu_budget.is_some() { 4 } else { 16 };
-            let mut engine = start_engine(cli, model, &m, opts)?;
+            let mut engine = start_engine(cli, model, &m, opts, ctx)?;
             eprintln!(
                 "perplexity over {} ({} tokens): {} chunks of {ctx} tokens, {} scored each",
                 file.display(),

@@ -16,13 +16,15 @@ pub use args::*;
 pub use synth::SynthArgs;
 
 use crate::engine::{Engine, EngineOptions, ResidentSpec};
+use crate::flash::IoMode;
 use crate::flash::source::FlashSource;
 use crate::flash::{FlashFile, ReaderOptions};
 use crate::gpu::GpuOptions;
 use crate::model::chat::ChatTemplate;
 use crate::model::{LoadedModel, load_model};
 use crate::paths;
-use crate::plan::KvSelect;
+use crate::plan::perf::{Calibration, RunIo, predict_token, token_work};
+use crate::plan::{ExecPlan, KvSelect};
 
 pub(crate) type CliResult<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -60,7 +62,7 @@ pub fn engine_options(cli: &Cli, m: &ModelArgs, n_layers: usize) -> CliResult<En
         },
         ctx: m.ctx,
         ubatch: m.ubatch,
-        prefetch: m.prefetch,
+        prefetch: m.prefetch.unwrap_or(1),
         kv_f16: m.kv == "f16",
         kv_page: m.kv_page,
         kv_window: m.kv_window,
@@ -87,17 +89,78 @@ pub fn precheck(m: &ModelArgs) -> CliResult<()> {
     Ok(())
 }
 
-/// Open the model file for run-time reads and start the engine; prints the placement.
+/// The calibration profile of this machine, if `flashlm calibrate` was run.
+pub fn calibration() -> Option<Calibration> {
+    Calibration::load(&Calibration::path()).ok()
+}
+
+/// The device binding limit plans assume when no device is open.
+const PLAN_MAX_BINDING: u64 = 128 << 20;
+
+/// The planner: among the prefetch depths and I/O modes the flags leave open, the one the
+/// performance model predicts fastest at a context of `n_past` tokens.
+fn choose(
+    m: &ModelArgs,
+    model: &LoadedModel,
+    opts: &EngineOptions,
+    cal: &Calibration,
+    n_past: usize,
+) -> Option<(usize, IoMode, f64)> {
+    let prefetches: Vec<usize> = match m.prefetch {
+        Some(p) => vec![p],
+        None => vec![1, 2, 3],
+    };
+    let modes: Vec<IoMode> = match m.io {
+        Some(io) => vec![io],
+        None => vec![IoMode::Direct, IoMode::Mmap],
+    };
+    let mut best: Option<(usize, IoMode, f64)> = None;
+    for &p in &prefetches {
+        let mut po = opts.plan_options();
+        po.prefetch = p;
+        let Ok(plan) = ExecPlan::new(&model.gguf, &model.cfg, PLAN_MAX_BINDING, &po) else {
+            continue;
+        };
+        for &mode in &modes {
+            let io = RunIo {
+                mode: mode.to_string(),
+                piece: m.io_chunk,
+                threads: m.io_threads,
+                dram: m.dram_budget,
+                in_place: false,
+            };
+            let t = predict_token(cal, &token_work(&plan, n_past, &io, 0.5)).ms_per_token;
+            if best.is_none_or(|b| t < b.2) {
+                best = Some((p, mode, t));
+            }
+        }
+    }
+    best
+}
+
+/// Open the model file for run-time reads and start the engine; prints the placement. Unless
+/// the flags fix them, the planner picks the prefetch depth and the I/O mode (when this machine
+/// is calibrated; `n_past` is the context to plan for).
 pub fn start_engine(
     cli: &Cli,
     m: &ModelArgs,
     model: &LoadedModel,
-    opts: EngineOptions,
+    mut opts: EngineOptions,
+    n_past: usize,
 ) -> CliResult<Engine> {
+    let mut mode = m.io_mode();
+    if (m.prefetch.is_none() || m.io.is_none())
+        && let Some(cal) = calibration()
+        && let Some((p, io, t)) = choose(m, model, &opts, &cal, n_past)
+    {
+        opts.prefetch = p;
+        mode = io;
+        eprintln!("planner: prefetch {p}, I/O {io} (predicted {t:.1} ms/token)");
+    }
     let file = FlashFile::open(
         &model.path,
         ReaderOptions {
-            mode: m.io,
+            mode,
             threads: m.io_threads.max(1),
             chunk: usize::try_from(m.io_chunk).map_err(|_| "--io-chunk is too large")?,
         },
@@ -118,7 +181,7 @@ pub fn start_engine(
         } else {
             ""
         },
-        m.io,
+        mode,
         engine.ctx.describe()
     );
     Ok(engine)
@@ -143,6 +206,32 @@ pub fn main_with(cli: Cli) -> CliResult<()> {
         Some(Command::Info { path, model }) => {
             info(&resolve_model(&path.clone().or_else(|| model.clone()))?)
         }
+        Some(Command::Calibrate { model }) => {
+            let path = resolve_model(model)?;
+            let m = load_model(&path)?;
+            let gpu = GpuOptions {
+                backend: cli.backend.clone(),
+                adapter: cli.adapter.clone(),
+                budget: None,
+                matmul_layout: None,
+            };
+            let cal = crate::bench::calibrate::run(&m, &gpu)?;
+            let p = Calibration::path();
+            cal.save(&p)?;
+            println!("{}", serde_json::to_string_pretty(&cal)?);
+            eprintln!("saved to {}", p.display());
+            Ok(())
+        }
+        Some(Command::Plan {
+            model,
+            prompt_tokens,
+            max_binding,
+        }) => plan_cmd(
+            &cli,
+            model,
+            *prompt_tokens,
+            max_binding.unwrap_or(PLAN_MAX_BINDING),
+        ),
         Some(Command::SessionInfo { file }) => {
             let s = crate::kv::session::Session::open(file)?;
             println!("{}", s.info());
@@ -207,6 +296,75 @@ fn info(path: &Path) -> CliResult<()> {
         } else {
             "none"
         }
+    );
+    Ok(())
+}
+
+/// `flashlm plan`: the placement and the prediction, without a GPU.
+fn plan_cmd(cli: &Cli, m: &ModelArgs, prompt: usize, max_binding: u64) -> CliResult<()> {
+    precheck(m)?;
+    let path = resolve_model(&m.model)?;
+    let model = load_model(&path)?;
+    let opts = engine_options(cli, m, model.cfg.n_layers)?;
+    let cal = calibration();
+    let (prefetch, mode) = match &cal {
+        Some(c) => choose(m, &model, &opts, c, prompt)
+            .map(|(p, io, _)| (p, io))
+            .unwrap_or((opts.prefetch, m.io_mode())),
+        None => (opts.prefetch, m.io_mode()),
+    };
+    let mut po = opts.plan_options();
+    po.prefetch = prefetch;
+    let plan = ExecPlan::new(&model.gguf, &model.cfg, max_binding, &po)?;
+    let kv = &plan.kv;
+    println!("{}", plan.placement);
+    println!(
+        "context {} tokens; batches of {}; prefetch {prefetch}; I/O {mode}; staging ring {} x {} bytes",
+        plan.max_ctx, plan.ubatch, plan.ring_slots, plan.ring_chunk
+    );
+    println!(
+        "KV: {}-token pages of {} bytes, {} of {} per layer on the device{}, {} splits per round",
+        kv.page_tokens,
+        kv.page_bytes,
+        kv.home_pages,
+        kv.max_pages,
+        if kv.streams {
+            ", the rest on flash"
+        } else {
+            ""
+        },
+        kv.round_splits
+    );
+    let Some(cal) = cal else {
+        println!(
+            "no prediction: this machine is not calibrated (run `flashlm calibrate`, which saves {})",
+            Calibration::path().display()
+        );
+        return Ok(());
+    };
+    let io = RunIo {
+        mode: mode.to_string(),
+        piece: m.io_chunk,
+        threads: m.io_threads,
+        dram: m.dram_budget,
+        in_place: false,
+    };
+    let w = token_work(&plan, prompt, &io, 0.5);
+    let p = predict_token(&cal, &w);
+    let ttft = crate::plan::perf::predict_prefill(&cal, &w, prompt, plan.ubatch) + p.ms_per_token;
+    println!(
+        "predicted (calibration of {}): {:.1} ms/token = compute {:.1} ms, weight I/O {:.1} ms, KV I/O {:.1} ms (overlap beta {:.2}); TTFT for {prompt} tokens {:.0} ms",
+        cal.adapter,
+        p.ms_per_token,
+        p.compute_ms,
+        p.weight_io_ms,
+        p.kv_io_ms,
+        cal.overlap_beta,
+        ttft
+    );
+    println!(
+        "per token: {} weight bytes from flash, {:.0} KV bytes from flash, {} dispatches",
+        w.weight_flash_bytes, w.kv_flash_bytes, w.dispatches
     );
     Ok(())
 }

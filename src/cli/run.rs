@@ -90,7 +90,7 @@ pub fn run(cli: &Cli, a: &RunArgs) -> CliResult<()> {
     let mut opts = engine_options(cli, &a.model, m.cfg.n_layers)?;
     opts.trace = a.trace.is_some();
     opts.profile = a.profile;
-    let mut engine = start_engine(cli, &a.model, &m, opts)?;
+    let mut engine = start_engine(cli, &a.model, &m, opts, prompt_ids.len() + a.n / 2)?;
     let t0 = Instant::now();
     let mut reused = 0;
     if let Some(sp) = &a.session
@@ -137,6 +137,26 @@ pub fn run(cli: &Cli, a: &RunArgs) -> CliResult<()> {
         );
     }
     let ttft_ms = stats.ttft_ms + load_ms;
+    let predicted = super::calibration().map(|cal| {
+        let (p, ttft) = engine.predict(&cal, prompt_ids.len() - reused, stats.selection_reuse);
+        eprintln!(
+            "predicted: {:.1} ms/token (compute {:.1}, weight I/O {:.1}, KV I/O {:.1}), TTFT {:.0} ms | measured: {:.1} ms/token, TTFT {:.0} ms",
+            p.ms_per_token,
+            p.compute_ms,
+            p.weight_io_ms,
+            p.kv_io_ms,
+            ttft,
+            stats.ms_per_token,
+            stats.ttft_ms
+        );
+        serde_json::json!({
+            "ms_per_token": p.ms_per_token,
+            "compute_ms": p.compute_ms,
+            "weight_io_ms": p.weight_io_ms,
+            "kv_io_ms": p.kv_io_ms,
+            "ttft_ms": ttft,
+        })
+    });
     if reused > 0 {
         eprintln!("TTFT with the session: {ttft_ms:.0} ms (session load included)");
     }
@@ -165,13 +185,14 @@ pub fn run(cli: &Cli, a: &RunArgs) -> CliResult<()> {
             "stats": stats,
             "kv_predicted": pred,
             "profile": profile,
+            "predicted": predicted,
             "gpu_budget": engine.placement.budget,
             "placement": engine.placement.to_string(),
             "kv_page_tokens": engine.plan.kv.page_tokens,
             "kv_home_pages": engine.plan.kv.home_pages,
             "kv_streams": engine.plan.kv.streams,
             "context": engine.max_ctx(),
-            "io": a.model.io.to_string(),
+            "io": engine.run_io().mode,
             "backend": engine.ctx.backend_name(),
             "adapter": engine.ctx.info.name,
             "load_bytes": engine.load_bytes,
@@ -248,7 +269,7 @@ pub fn chat(cli: &Cli, a: &ChatArgs) -> CliResult<()> {
     let m = load_model(&path)?;
     let template = ChatTemplate::from_gguf(&m.gguf)?;
     let opts = engine_options(cli, &a.model, m.cfg.n_layers)?;
-    let mut engine = start_engine(cli, &a.model, &m, opts)?;
+    let mut engine = start_engine(cli, &a.model, &m, opts, 256)?;
     let mut sampler = Sampler::new(a.sample.params());
     let tk = &m.tokenizer;
     let mut messages: Vec<ChatMessage> = Vec::new();

@@ -22,6 +22,7 @@ mod kvio;
 mod layers;
 mod measure;
 mod pass;
+mod predict;
 pub mod session;
 mod stats;
 pub mod trace;

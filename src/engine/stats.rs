@@ -203,82 +203,12 @@ impl Engine {
     /// The page hit-rate model's prediction for this engine's configuration at its current
     /// context, with the selection reuse measured in `stats` (see [`crate::plan::hitrate`]).
     pub fn kv_prediction(&self, stats: &GenStats) -> crate::plan::hitrate::KvPrediction {
-        use crate::plan::hitrate::{KvModelInput, Policy, predict};
-        let kv = &self.plan.kv;
-        let n = self.n_past().max(1);
-        let pages = self.map.page_of(n - 1) + 1;
-        let home = kv.home_pages.min(pages);
-        let streamed_weights: u64 = self
-            .streamed
-            .iter()
-            .map(|&l| {
-                self.plan.layers[l]
-                    .files
-                    .iter()
-                    .map(|t| t.n_bytes)
-                    .sum::<u64>()
-            })
-            .sum::<u64>()
-            + if self.placement.head_resident {
-                0
-            } else {
-                self.plan.head.info.n_bytes
-            };
-        let cache_bytes = self.io_.cache.budget().saturating_sub(streamed_weights);
-        let cache_pages = cache_bytes / kv.page_bytes.max(1);
-        let n_layers = self.cfg.n_layers as u32;
-        let Some(sel) = kv.select else {
-            return predict(&KvModelInput {
-                n_layers,
-                page_bytes: kv.page_bytes,
-                pages,
-                home_pages: home,
-                select: None,
-                cache_pages,
-                policy: Policy::Pinned,
-                reuse: 0.0,
-            });
-        };
-        // Dense layers scan every page (pinned cache); the others select (LRU). The cache is
-        // shared in proportion to the layer counts.
-        let dense = sel.dense_layers.min(n_layers);
-        let selecting = n_layers - dense;
-        let candidates = pages.saturating_sub(1 + kv.select_window);
-        let keep = sel.keep(candidates);
-        let away = pages.saturating_sub(home);
-        let n_eff = if candidates == 0 {
-            0
-        } else {
-            ((keep as u64 * away as u64).div_ceil(candidates as u64)) as u32
-        };
-        let part = |layers: u32, select: Option<u32>, policy| {
-            predict(&KvModelInput {
-                n_layers: layers,
-                page_bytes: kv.page_bytes,
-                pages,
-                home_pages: home,
-                select,
-                cache_pages: cache_pages * layers as u64 / n_layers.max(1) as u64,
-                policy,
-                reuse: stats.selection_reuse,
-            })
-        };
-        let d = part(dense, None, Policy::Pinned);
-        let s = part(selecting, Some(n_eff), Policy::Lru);
-        let requests = d.requests_per_token + s.requests_per_token;
-        let flash = d.flash_bytes_per_token + s.flash_bytes_per_token;
-        let bytes = d.kv_bytes_per_token + s.kv_bytes_per_token;
-        crate::plan::hitrate::KvPrediction {
-            requests_per_token: requests,
-            hit_rate: if bytes > 0.0 {
-                1.0 - flash / bytes
-            } else {
-                0.0
-            },
-            flash_bytes_per_token: flash,
-            kv_bytes_per_token: bytes,
-            prefetch_hit_rate: s.prefetch_hit_rate,
-        }
+        crate::plan::perf::kv_prediction(
+            &self.plan,
+            self.n_past(),
+            self.io_.cache.budget(),
+            stats.selection_reuse,
+        )
     }
 }
 

@@ -16,6 +16,7 @@
 pub mod hitrate;
 pub mod hitrate_sim;
 pub mod kvplan;
+pub mod perf;
 pub mod placement;
 
 use thiserror::Error;

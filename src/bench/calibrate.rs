@@ -1,0 +1,256 @@
+//! `flashlm calibrate`: measure this machine's constants for the performance model
+//! ([`crate::plan::perf`]) and save them to the cache directory.
+//!
+//! - flash GB/s by piece size and threads, direct and mmap, from a cold page cache (the `bench io`
+//!   sweep over a smaller range);
+//! - upload GB/s (host memory into device buffers);
+//! - matrix-product GB/s per weight type, decode (one token) and prefill (64 tokens), on the
+//!   model's own matrix shapes;
+//! - the cost of one dispatch; attention GB/s of KV bytes;
+//! - the overlap of compute and I/O, fitted from a short streamed run of the model.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::median;
+use crate::engine::{Engine, EngineOptions};
+use crate::flash::source::FlashSource;
+use crate::flash::{FlashFile, ReaderOptions};
+use crate::gguf::{GgmlType, quant};
+use crate::gpu::{GpuContext, GpuOptions};
+use crate::kernels::{self, KvShape, MatmulIo, Step};
+use crate::model::LoadedModel;
+use crate::plan::perf::{Calibration, FlashRate};
+use crate::sampling::{Sampler, SamplerParams};
+
+type BenchResult<T> = Result<T, Box<dyn std::error::Error>>;
+
+fn step(ctx: &GpuContext, n: u32) -> BenchResult<crate::gpu::GpuBuffer> {
+    let b = ctx.uniform("step", 16)?;
+    let s = Step {
+        n_tokens: n,
+        pos0: 0,
+        _pad: [0; 2],
+    };
+    ctx.write(&b, 0, bytemuck::bytes_of(&s));
+    Ok(b)
+}
+
+/// Seconds for `reps` replays of `list` at `n` tokens, in one submission (after a warm-up).
+fn time_list(
+    ctx: &GpuContext,
+    list: &[kernels::Dispatch],
+    n: u32,
+    reps: usize,
+) -> BenchResult<f64> {
+    let run = |reps: usize| -> BenchResult<f64> {
+        ctx.wait()?;
+        let t = Instant::now();
+        let mut enc = ctx.device.create_command_encoder(&Default::default());
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            for _ in 0..reps {
+                for d in list {
+                    d.record(&mut pass, n);
+                }
+            }
+        }
+        ctx.queue.submit([enc.finish()]);
+        ctx.wait()?;
+        Ok(t.elapsed().as_secs_f64())
+    };
+    run(1)?;
+    let mut v: Vec<f64> = (0..3).map(|_| run(reps)).collect::<Result<_, _>>()?;
+    Ok(median(&mut v))
+}
+
+/// Decode and prefill GB/s of a `rows` x `cols` matrix of type `ty` (random weights).
+fn matmul_rates(ctx: &GpuContext, ty: GgmlType, rows: u32, cols: u32) -> BenchResult<(f64, f64)> {
+    let mut rng = crate::sampling::SplitMix64(ty.id() as u64 + 17);
+    let vals: Vec<f32> = (0..rows as usize * cols as usize)
+        .map(|_| ((rng.next_u64() >> 40) as f32 / (1u64 << 24) as f32) - 0.5)
+        .collect();
+    let data = quant::quantize(ty, &vals);
+    let w = kernels::upload_weight(ctx, "calibration", ty, rows, cols, &data)?;
+    let bytes = w.bytes() as f64;
+    let tokens = 64u32;
+    let x = ctx.storage("x", tokens as u64 * cols as u64 * 4)?;
+    let y = ctx.storage("y", tokens as u64 * rows as u64 * 4)?;
+    let io = |tt: u32| MatmulIo {
+        x_stride: cols,
+        y_stride: rows,
+        token_tile: tt,
+        ..Default::default()
+    };
+    let s1 = step(ctx, 1)?;
+    let dec = kernels::matmul(ctx, &s1, &w, &x, &y, io(1))?;
+    let t = time_list(ctx, &dec, 1, 16)?;
+    let decode = bytes * 16.0 / t / 1e9;
+    let s64 = step(ctx, tokens)?;
+    let pre = kernels::matmul(ctx, &s64, &w, &x, &y, io(kernels::MM_PREFILL_TT))?;
+    let t = time_list(ctx, &pre, tokens, 2)?;
+    let prefill = bytes * tokens as f64 * 2.0 / t / 1e9;
+    Ok((decode, prefill))
+}
+
+/// KV bytes per second of the attention kernel over `keys` keys (decode, all heads).
+fn attention_rate(ctx: &GpuContext, cfg: &crate::model::config::ModelConfig) -> BenchResult<f64> {
+    let keys = 2048u32;
+    let page = 64u32;
+    let kv_dim = (cfg.n_kv_heads * cfg.head_dim) as u32;
+    let pages = keys / page;
+    let shape = KvShape {
+        n_heads: cfg.n_heads as u32,
+        n_kv_heads: cfg.n_kv_heads as u32,
+        head_dim: cfg.head_dim as u32,
+        page_tokens: page,
+        f16: true,
+        table_base: 0,
+        seq_stride: 4 + 2 * pages,
+        round_splits: keys / kernels::ATTN_SPLIT_KEYS,
+    };
+    let page_bytes = 2 * page as u64 * kv_dim as u64 * 2;
+    let pool = ctx.storage("pool", pages as u64 * page_bytes)?;
+    let stream = ctx.storage("stream", 16)?;
+    let q = ctx.storage("q", (cfg.n_heads * cfg.head_dim * 4) as u64)?;
+    let rows = ctx.storage_with("rows", bytemuck::cast_slice(&[0u32, keys - 1, 0, 0]))?;
+    let mut table = vec![
+        0u32,
+        3,
+        keys / kernels::ATTN_SPLIT_KEYS,
+        0,
+        pages,
+        keys,
+        0,
+        0,
+    ];
+    for p in 0..pages {
+        table.extend_from_slice(&[p, p]);
+    }
+    let tb = ctx.storage_with("table", bytemuck::cast_slice(&table))?;
+    let hd2 = (cfg.head_dim + 2) as u64;
+    let part = ctx.storage(
+        "part",
+        cfg.n_heads as u64 * shape.round_splits as u64 * hd2 * 4,
+    )?;
+    let run = ctx.storage("run", cfg.n_heads as u64 * hd2 * 4)?;
+    let out = ctx.storage("out", (cfg.n_heads * cfg.head_dim * 4) as u64)?;
+    let s1 = step(ctx, 1)?;
+    let list = vec![
+        kernels::attention_partial(ctx, &s1, &rows, &tb, &q, &pool, &stream, &part, &shape)?,
+        kernels::attention_merge(ctx, &s1, &tb, &part, &run, &out, &shape)?,
+    ];
+    let t = time_list(ctx, &list, 1, 16)?;
+    let bytes = keys as f64 * kv_dim as f64 * 2.0 * 2.0;
+    Ok(bytes * 16.0 / t / 1e9)
+}
+
+/// Measure everything; `model` supplies the shapes and the file to read.
+pub fn run(model: &LoadedModel, gpu: &GpuOptions) -> BenchResult<Calibration> {
+    // Flash: the bench io sweep over 32 MiB, with the staging ring for the upload rate.
+    eprintln!("flash reads (cold page cache)...");
+    let io = super::io::run(&super::io::IoBenchOptions {
+        model: model.path.clone(),
+        bytes: 32 << 20,
+        repeats: 1,
+        gpu: None,
+    })?;
+    let flash: Vec<FlashRate> = io
+        .sweep
+        .iter()
+        .map(|p| FlashRate {
+            mode: p.mode.clone(),
+            piece: p.chunk,
+            threads: p.threads,
+            gb_s: p.gb_s,
+        })
+        .collect();
+    let ctx = GpuContext::new(gpu)?;
+    // Upload: host memory into a device buffer, 32 MiB at a time.
+    let up_bytes = 32u64 << 20;
+    let dst = ctx.storage("upload", up_bytes)?;
+    let src = vec![7u8; up_bytes as usize];
+    let mut ups = Vec::new();
+    for _ in 0..3 {
+        ctx.wait()?;
+        let t = Instant::now();
+        ctx.write(&dst, 0, &src);
+        ctx.flush()?;
+        ups.push(up_bytes as f64 / t.elapsed().as_secs_f64() / 1e9);
+    }
+    let upload_gb_s = median(&mut ups);
+    eprintln!("upload {upload_gb_s:.2} GB/s");
+    // Matrix products on the model's largest matrix of each type.
+    let mut shapes: BTreeMap<String, (GgmlType, u32, u32, u64)> = BTreeMap::new();
+    for t in model.gguf.tensors.iter().filter(|t| t.dims.len() == 2) {
+        let e = shapes
+            .entry(t.ty.name().to_string())
+            .or_insert((t.ty, 0, 0, 0));
+        if t.n_bytes > e.3 {
+            *e = (t.ty, t.n_rows() as u32, t.row_len() as u32, t.n_bytes);
+        }
+    }
+    let mut matvec_gb_s = BTreeMap::new();
+    let mut prefill_gb_s = BTreeMap::new();
+    for (name, (ty, rows, cols, _)) in &shapes {
+        // Keep the measurement quick: at most 4096 rows.
+        let (d, p) = matmul_rates(&ctx, *ty, (*rows).min(4096), *cols)?;
+        eprintln!("{name}: decode {d:.3} GB/s, prefill {p:.2} GB/s x tokens");
+        matvec_gb_s.insert(name.clone(), d);
+        prefill_gb_s.insert(name.clone(), p);
+    }
+    // One dispatch.
+    let s = step(&ctx, 1)?;
+    let a = ctx.storage("a", 16)?;
+    let b = ctx.storage("b", 16)?;
+    let empty = vec![kernels::empty_dispatch(&ctx, &s, &a, &b)?];
+    let dispatch_s = time_list(&ctx, &empty, 1, 2000)? / 2000.0;
+    let attn_gb_s = attention_rate(&ctx, &model.cfg)?;
+    eprintln!(
+        "dispatch {:.1} µs, attention {attn_gb_s:.2} GB/s of KV",
+        dispatch_s * 1e6
+    );
+    drop(ctx);
+    // Overlap: a short streamed run under a budget that streams every layer.
+    let mut cal = Calibration {
+        adapter: String::new(),
+        flash,
+        upload_gb_s,
+        matvec_gb_s,
+        prefill_gb_s,
+        dispatch_s,
+        attn_gb_s,
+        overlap_beta: 0.0,
+    };
+    let o = EngineOptions {
+        gpu: gpu.clone(),
+        ctx: Some(256),
+        resident: crate::plan::ResidentSpec::parse("none", model.cfg.n_layers)
+            .map_err(|e| e.to_string())?,
+        ..Default::default()
+    };
+    let file = FlashFile::open(&model.path, ReaderOptions::default())?;
+    let mut e = Engine::with_source(model.gguf.clone(), Arc::new(FlashSource::new(file, 0)), &o)?;
+    cal.adapter = e.ctx.info.name.clone();
+    let prompt: Vec<u32> = (0..16)
+        .map(|i| (i * 7 + 1) % model.cfg.vocab_size as u32)
+        .collect();
+    let mut sm = Sampler::new(SamplerParams {
+        temperature: 0.0,
+        ..Default::default()
+    });
+    let (_, st) = e.generate(&prompt, 12, &mut sm, |_| false, |_| true)?;
+    let pred = crate::plan::perf::predict_token(&cal, &e.token_work(st.selection_reuse));
+    let (c, i) = (pred.compute_ms, pred.weight_io_ms + pred.kv_io_ms);
+    cal.overlap_beta = if c.min(i) > 0.0 {
+        ((st.ms_per_token - c.max(i)) / c.min(i)).clamp(0.0, 1.0)
+    } else {
+        0.0
+    };
+    eprintln!(
+        "overlap: streamed run {:.1} ms/token, compute {c:.1} ms, I/O {i:.1} ms: beta {:.2}",
+        st.ms_per_token, cal.overlap_beta
+    );
+    Ok(cal)
+}

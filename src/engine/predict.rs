@@ -1,0 +1,39 @@
+//! The engine's plan as work for the performance model: what one decoded token reads and runs.
+
+use super::Engine;
+use crate::plan::perf::{
+    Calibration, Prediction, RunIo, TokenWork, predict_prefill, predict_token, token_work,
+};
+
+impl Engine {
+    /// How this engine reads.
+    pub fn run_io(&self) -> RunIo {
+        RunIo {
+            mode: self
+                .io_
+                .source()
+                .io_mode()
+                .map(|m| m.to_string())
+                .unwrap_or_else(|| "mmap".into()),
+            piece: 1 << 20,
+            threads: 4,
+            dram: self.io_.cache.budget(),
+            in_place: self.in_place,
+        }
+    }
+
+    /// What one decode step reads and runs at the current context (`reuse`: the selection
+    /// reuse page selection is expected to have).
+    pub fn token_work(&self, reuse: f64) -> TokenWork {
+        token_work(&self.plan, self.n_past(), &self.run_io(), reuse)
+    }
+
+    /// Predicted ms per decoded token (at the current context) and time to first token for a
+    /// prompt of `prompt` tokens.
+    pub fn predict(&self, cal: &Calibration, prompt: usize, reuse: f64) -> (Prediction, f64) {
+        let w = self.token_work(reuse);
+        let tok = predict_token(cal, &w);
+        let ttft = predict_prefill(cal, &w, prompt, self.ubatch) + tok.ms_per_token;
+        (tok, ttft)
+    }
+}

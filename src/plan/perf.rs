@@ -1,0 +1,400 @@
+//! The performance model: what a plan should cost per token, from this machine's measured
+//! constants (`flashlm calibrate`).
+//!
+//! Per decoded token:
+//! - compute C = Σ over the matrix products of (weight bytes ÷ the kernel's GB/s for that type)
+//!   + dispatches × the cost of one dispatch + attended KV bytes ÷ the attention kernel's GB/s;
+//! - weight I/O W = streamed weight bytes not held in the host cache ÷ the flash rate of the I/O
+//!   mode, + streamed bytes ÷ the upload rate (the copy from staging memory to the device);
+//! - KV I/O K = the KV bytes the page hit-rate model says come from flash ÷ the flash rate,
+//!   + KV bytes brought to the device ÷ the upload rate;
+//! - the layer-ahead pipeline overlaps compute with I/O: T = max(C, W + K) + β · min(C, W + K),
+//!   where β (0: perfect overlap, 1: none) is measured by calibration from a streamed run.
+//!
+//! Prefill of a prompt of n tokens in batches of b: each batch pays its compute (prefill kernel
+//! rates, per token) and, when weights stream, a full pass of weight I/O; TTFT adds one decode
+//! step's head.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::ExecPlan;
+use super::hitrate::{KvModelInput, KvPrediction, Policy, predict};
+
+/// Constants measured on one machine and adapter.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Calibration {
+    pub adapter: String,
+    /// Flash GB/s by (mode, piece bytes, threads), cold.
+    pub flash: Vec<FlashRate>,
+    /// Staging memory to device buffers, GB/s.
+    pub upload_gb_s: f64,
+    /// Decode (one token) matrix-vector GB/s of weight bytes, by weight type name.
+    pub matvec_gb_s: BTreeMap<String, f64>,
+    /// Prefill matrix product: weight GB/s × tokens (bytes × tokens ÷ seconds), by type name.
+    pub prefill_gb_s: BTreeMap<String, f64>,
+    /// Seconds per dispatch (launch cost).
+    pub dispatch_s: f64,
+    /// Attention: KV bytes read per second.
+    pub attn_gb_s: f64,
+    /// Overlap of compute and I/O in the pipeline (0 perfect, 1 none).
+    pub overlap_beta: f64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct FlashRate {
+    pub mode: String,
+    pub piece: u64,
+    pub threads: usize,
+    pub gb_s: f64,
+}
+
+impl Calibration {
+    /// Where calibration profiles live.
+    pub fn path() -> PathBuf {
+        crate::paths::cache_dir().join("calibration.json")
+    }
+
+    pub fn load(path: &Path) -> Result<Self, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("reading {}: {e}", path.display()))?;
+        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    pub fn save(&self, path: &Path) -> Result<(), String> {
+        if let Some(d) = path.parent() {
+            std::fs::create_dir_all(d).map_err(|e| e.to_string())?;
+        }
+        let tmp = path.with_extension("json.tmp");
+        let text = serde_json::to_string_pretty(self).map_err(|e| e.to_string())?;
+        std::fs::write(&tmp, text).map_err(|e| format!("writing {}: {e}", tmp.display()))?;
+        std::fs::rename(&tmp, path).map_err(|e| format!("writing {}: {e}", path.display()))
+    }
+
+    /// Flash GB/s for reads in `mode` ("direct"/"mmap") with `threads` readers of `piece`
+    /// bytes: the measured point nearest in log2(piece), then in threads.
+    pub fn flash_gb_s(&self, mode: &str, piece: u64, threads: usize) -> f64 {
+        let lp = (piece.max(1) as f64).log2();
+        self.flash
+            .iter()
+            .filter(|f| f.mode == mode)
+            .min_by(|a, b| {
+                let da = ((a.piece as f64).log2() - lp).abs() * 8.0
+                    + (a.threads as f64 - threads as f64).abs();
+                let db = ((b.piece as f64).log2() - lp).abs() * 8.0
+                    + (b.threads as f64 - threads as f64).abs();
+                da.total_cmp(&db)
+            })
+            .map(|f| f.gb_s)
+            .unwrap_or(1.0)
+    }
+
+    fn rate(map: &BTreeMap<String, f64>, ty: &str) -> f64 {
+        map.get(ty)
+            .copied()
+            .or_else(|| {
+                // An unmeasured type: the slowest measured one.
+                map.values().copied().reduce(f64::min)
+            })
+            .unwrap_or(1.0)
+            .max(1e-6)
+    }
+}
+
+/// What one decoded token reads and runs, as the plan lays it out.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct TokenWork {
+    /// Weight bytes of each matrix product, by type name.
+    pub matmul_bytes: BTreeMap<String, u64>,
+    pub dispatches: u64,
+    /// KV bytes attention reads (all layers).
+    pub attn_bytes: u64,
+    /// Streamed weight bytes read from flash (after the host cache), and uploaded.
+    pub weight_flash_bytes: u64,
+    pub weight_upload_bytes: u64,
+    /// KV bytes from flash (after the host cache) and uploaded.
+    pub kv_flash_bytes: f64,
+    pub kv_upload_bytes: f64,
+    /// Piece size and threads of the flash reads; I/O mode.
+    pub piece: u64,
+    pub threads: usize,
+    pub mode: String,
+}
+
+/// A prediction, in milliseconds.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct Prediction {
+    pub compute_ms: f64,
+    pub weight_io_ms: f64,
+    pub kv_io_ms: f64,
+    pub ms_per_token: f64,
+}
+
+/// Milliseconds per decoded token for `w` on the machine `c` describes.
+pub fn predict_token(c: &Calibration, w: &TokenWork) -> Prediction {
+    let compute_s = w
+        .matmul_bytes
+        .iter()
+        .map(|(ty, &b)| b as f64 / (Calibration::rate(&c.matvec_gb_s, ty) * 1e9))
+        .sum::<f64>()
+        + w.dispatches as f64 * c.dispatch_s
+        + w.attn_bytes as f64 / (c.attn_gb_s.max(1e-6) * 1e9);
+    let flash = c.flash_gb_s(&w.mode, w.piece, w.threads).max(1e-6) * 1e9;
+    let up = c.upload_gb_s.max(1e-6) * 1e9;
+    let weight_s = w.weight_flash_bytes as f64 / flash + w.weight_upload_bytes as f64 / up;
+    let kv_s = w.kv_flash_bytes / flash + w.kv_upload_bytes / up;
+    let io = weight_s + kv_s;
+    let beta = c.overlap_beta.clamp(0.0, 1.0);
+    let t = compute_s.max(io) + beta * compute_s.min(io);
+    Prediction {
+        compute_ms: compute_s * 1e3,
+        weight_io_ms: weight_s * 1e3,
+        kv_io_ms: kv_s * 1e3,
+        ms_per_token: t * 1e3,
+    }
+}
+
+/// Milliseconds of prefill for `n` tokens in batches of `batch`: each batch computes its tokens
+/// at the prefill rates and, when weights stream, pays the weight I/O of a pass.
+pub fn predict_prefill(c: &Calibration, w: &TokenWork, n: usize, batch: usize) -> f64 {
+    let batches = n.div_ceil(batch.max(1)).max(1);
+    let per_token_compute = w
+        .matmul_bytes
+        .iter()
+        .map(|(ty, &b)| b as f64 / (Calibration::rate(&c.prefill_gb_s, ty) * 1e9))
+        .sum::<f64>();
+    let flash = c.flash_gb_s(&w.mode, w.piece, w.threads).max(1e-6) * 1e9;
+    let up = c.upload_gb_s.max(1e-6) * 1e9;
+    let io_pass = w.weight_flash_bytes as f64 / flash + w.weight_upload_bytes as f64 / up;
+    let mut total = 0.0;
+    let mut left = n;
+    for _ in 0..batches {
+        let t = left.min(batch.max(1));
+        left -= t;
+        let compute = per_token_compute * t as f64 + w.dispatches as f64 * c.dispatch_s;
+        let beta = c.overlap_beta.clamp(0.0, 1.0);
+        total += compute.max(io_pass) + beta * compute.min(io_pass);
+    }
+    total * 1e3
+}
+
+/// Weight bytes that stream from flash each token under `plan` (streamed layers, and the head
+/// when it streams).
+pub fn streamed_weight_bytes(plan: &ExecPlan) -> u64 {
+    plan.streamed_layers()
+        .iter()
+        .map(|&l| plan.layers[l].files.iter().map(|t| t.n_bytes).sum::<u64>())
+        .sum::<u64>()
+        + if plan.placement.head_resident {
+            0
+        } else {
+            plan.head.info.n_bytes
+        }
+}
+
+/// The page hit-rate model for `plan` with `n_past` cached tokens, a host cache of `dram` bytes
+/// (weights pinned first) and selection reuse `reuse`.
+pub fn kv_prediction(plan: &ExecPlan, n_past: usize, dram: u64, reuse: f64) -> KvPrediction {
+    let kv = &plan.kv;
+    let n = n_past.max(1) as u64;
+    let pages = ((n - 1) / kv.page_tokens as u64 + 1) as u32;
+    let home = kv.home_pages.min(pages);
+    let cache_bytes = dram.saturating_sub(streamed_weight_bytes(plan));
+    let cache_pages = cache_bytes / kv.page_bytes.max(1);
+    let n_layers = plan.layers.len() as u32;
+    let Some(sel) = kv.select else {
+        return predict(&KvModelInput {
+            n_layers,
+            page_bytes: kv.page_bytes,
+            pages,
+            home_pages: home,
+            select: None,
+            cache_pages,
+            policy: Policy::Pinned,
+            reuse: 0.0,
+        });
+    };
+    // Dense layers scan every page (pinned cache); the others select (LRU). The cache is
+    // shared in proportion to the layer counts.
+    let dense = sel.dense_layers.min(n_layers);
+    let selecting = n_layers - dense;
+    let candidates = pages.saturating_sub(1 + kv.select_window);
+    let keep = sel.keep(candidates);
+    let away = pages.saturating_sub(home);
+    let n_eff = if candidates == 0 {
+        0
+    } else {
+        ((keep as u64 * away as u64).div_ceil(candidates as u64)) as u32
+    };
+    let part = |layers: u32, select: Option<u32>, policy| {
+        predict(&KvModelInput {
+            n_layers: layers,
+            page_bytes: kv.page_bytes,
+            pages,
+            home_pages: home,
+            select,
+            cache_pages: cache_pages * layers as u64 / n_layers.max(1) as u64,
+            policy,
+            reuse,
+        })
+    };
+    let d = part(dense, None, Policy::Pinned);
+    let s = part(selecting, Some(n_eff), Policy::Lru);
+    let flash = d.flash_bytes_per_token + s.flash_bytes_per_token;
+    let bytes = d.kv_bytes_per_token + s.kv_bytes_per_token;
+    KvPrediction {
+        requests_per_token: d.requests_per_token + s.requests_per_token,
+        hit_rate: if bytes > 0.0 {
+            1.0 - flash / bytes
+        } else {
+            0.0
+        },
+        flash_bytes_per_token: flash,
+        kv_bytes_per_token: bytes,
+        prefetch_hit_rate: s.prefetch_hit_rate,
+    }
+}
+
+/// How the run reads: I/O mode, piece size and threads, host cache, in-place uploads.
+#[derive(Debug, Clone)]
+pub struct RunIo {
+    pub mode: String,
+    pub piece: u64,
+    pub threads: usize,
+    pub dram: u64,
+    pub in_place: bool,
+}
+
+/// What one decode step reads and runs under `plan` with `n_past` cached tokens.
+pub fn token_work(plan: &ExecPlan, n_past: usize, io: &RunIo, reuse: f64) -> TokenWork {
+    let mut matmul_bytes: BTreeMap<String, u64> = BTreeMap::new();
+    for lw in &plan.layers {
+        for t in &lw.files {
+            *matmul_bytes.entry(t.ty.name().to_string()).or_default() += t.n_bytes;
+        }
+    }
+    let head = &plan.head.info;
+    *matmul_bytes.entry(head.ty.name().to_string()).or_default() += head.n_bytes;
+    // Per layer: 2 norms, 2 RoPE, 3 biases where the model has them, the matrix parts, the KV
+    // store, attention and its merge per round, page summaries and scores with selection.
+    let kv = &plan.kv;
+    let n = n_past.max(1) as u64;
+    let rounds = (n.div_ceil(crate::kernels::ATTN_SPLIT_KEYS as u64))
+        .div_ceil(kv.round_splits.max(1) as u64)
+        .max(1);
+    let mut dispatches = 0u64;
+    for (l, lw) in plan.layers.iter().enumerate() {
+        let p = |i: usize| lw.layouts[i].parts.len() as u64;
+        dispatches += 4 + p(0) + p(1) + p(2) + p(3) + p(4) + p(6) + 1 + 2 * rounds;
+        if kv.selects_layer(l) {
+            dispatches += 2;
+        }
+    }
+    dispatches += 1 + if plan.placement.head_resident {
+        plan.head.layout.parts.len() as u64
+    } else {
+        plan.head.n_chunks as u64
+    };
+    let elt = if kv.f16 { 2 } else { 4 };
+    let n_layers = plan.layers.len() as u64;
+    let attended = match kv.select {
+        Some(sel) => {
+            let pages = (n - 1) / kv.page_tokens as u64 + 1;
+            let cand = pages.saturating_sub(1 + kv.select_window as u64);
+            let keep = sel.keep(cand as u32) as u64;
+            let dense = (sel.dense_layers as u64).min(n_layers);
+            let sel_keys = ((pages - cand + keep) * kv.page_tokens as u64).min(n);
+            (dense * n + (n_layers - dense) * sel_keys) as f64 / n_layers.max(1) as f64
+        }
+        None => n as f64,
+    };
+    let attn_bytes = (attended * kv.kv_dim as f64 * 2.0 * elt as f64 * n_layers as f64) as u64;
+    let streamed = streamed_weight_bytes(plan);
+    let p = kv_prediction(plan, n_past, io.dram, reuse);
+    TokenWork {
+        matmul_bytes,
+        dispatches,
+        attn_bytes,
+        weight_flash_bytes: streamed.saturating_sub(io.dram),
+        weight_upload_bytes: if io.in_place { 0 } else { streamed },
+        kv_flash_bytes: p.flash_bytes_per_token,
+        kv_upload_bytes: p.kv_bytes_per_token,
+        piece: io.piece,
+        threads: io.threads,
+        mode: io.mode.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cal() -> Calibration {
+        Calibration {
+            adapter: "test".into(),
+            flash: vec![
+                FlashRate {
+                    mode: "direct".into(),
+                    piece: 1 << 20,
+                    threads: 4,
+                    gb_s: 2.0,
+                },
+                FlashRate {
+                    mode: "direct".into(),
+                    piece: 64 << 10,
+                    threads: 4,
+                    gb_s: 0.5,
+                },
+            ],
+            upload_gb_s: 10.0,
+            matvec_gb_s: [("Q4_1".to_string(), 1.0), ("Q8_0".to_string(), 2.0)].into(),
+            prefill_gb_s: [("Q4_1".to_string(), 8.0)].into(),
+            dispatch_s: 20e-6,
+            attn_gb_s: 4.0,
+            overlap_beta: 0.25,
+        }
+    }
+
+    #[test]
+    fn hand_computed_token() {
+        // 60 MB of Q4_1 at 1 GB/s = 60 ms, 20 MB of Q8_0 at 2 GB/s = 10 ms, 500 dispatches of
+        // 20 µs = 10 ms, 8 MB of KV at 4 GB/s = 2 ms: compute 82 ms.
+        // 80 MB streamed from flash at 2 GB/s (1 MiB pieces, 4 threads) = 40 ms, uploaded at
+        // 10 GB/s = 8 ms; KV 4 MB from flash = 2 ms, 6 MB uploaded = 0.6 ms: I/O 50.6 ms.
+        // T = 82 + 0.25 × 50.6 = 94.65 ms.
+        let w = TokenWork {
+            matmul_bytes: [
+                ("Q4_1".to_string(), 60_000_000),
+                ("Q8_0".to_string(), 20_000_000),
+            ]
+            .into(),
+            dispatches: 500,
+            attn_bytes: 8_000_000,
+            weight_flash_bytes: 80_000_000,
+            weight_upload_bytes: 80_000_000,
+            kv_flash_bytes: 4e6,
+            kv_upload_bytes: 6e6,
+            piece: 1 << 20,
+            threads: 4,
+            mode: "direct".into(),
+        };
+        let p = predict_token(&cal(), &w);
+        assert!((p.compute_ms - 82.0).abs() < 1e-9, "{p:?}");
+        assert!((p.weight_io_ms - 48.0).abs() < 1e-9, "{p:?}");
+        assert!((p.kv_io_ms - 2.6).abs() < 1e-9, "{p:?}");
+        assert!((p.ms_per_token - 94.65).abs() < 1e-9, "{p:?}");
+        // Small pieces read at the small-piece rate.
+        let small = TokenWork {
+            piece: 60 << 10,
+            ..w.clone()
+        };
+        assert!(predict_token(&cal(), &small).weight_io_ms > 160.0);
+        // Prefill: 100 tokens in batches of 64: per token 60 MB / 8 GB/s + 20 MB / Q8_0
+        // (unmeasured for prefill: the slowest measured, 8) = 10 ms; batch 1: 640 ms + 10 ms
+        // of dispatches vs 48 ms of I/O: 650 + 12 = 662; batch 2: 360 + 10 = 370 + 12 = 382.
+        let ms = predict_prefill(&cal(), &w, 100, 64);
+        assert!((ms - 1044.0).abs() < 1e-6, "{ms}");
+    }
+}
