@@ -61,12 +61,26 @@ impl Engine {
                 None
             };
             let mats = if plan.placement.resident_layers[l] {
-                let mut m = Vec::with_capacity(7);
+                let mut m = Vec::with_capacity(lw.files.len());
                 for (t, lay) in lw.files.iter().zip(&lw.layouts) {
                     load_bytes += t.n_bytes;
                     m.push(lay.upload(&ctx, &t.name, gguf.tensor_data(t))?);
                 }
-                Some(Mats::from_vec(m)?)
+                Some(Mats::new(lw.roles.clone(), m)?)
+            } else {
+                None
+            };
+            let names = crate::model::config::LayerNames::new(l);
+            let qk_norm = if cfg.qk_norm {
+                Some([vector(&names.attn_q_norm)?, vector(&names.attn_k_norm)?])
+            } else {
+                None
+            };
+            let post_norms = if cfg.post_norms {
+                Some([
+                    vector(&names.post_attention_norm)?,
+                    vector(&names.post_ffw_norm)?,
+                ])
             } else {
                 None
             };
@@ -82,6 +96,9 @@ impl Engine {
                 attn_norm: vector(&n("attn_norm.weight"))?,
                 ffn_norm: vector(&n("ffn_norm.weight"))?,
                 bias,
+                qk_norm,
+                post_norms,
+                local: cfg.is_swa(l),
                 home: ctx.storage(&n("kv home"), kv.home_pages as u64 * kv.page_bytes)?,
                 meta,
                 mats,
@@ -92,11 +109,11 @@ impl Engine {
         if let Some(&first) = streamed.first() {
             let lw = &plan.layers[first];
             for s in 0..plan.placement.slots {
-                let mut m = Vec::with_capacity(7);
+                let mut m = Vec::with_capacity(lw.files.len());
                 for (t, lay) in lw.files.iter().zip(&lw.layouts) {
                     m.push(lay.alloc(&ctx, &format!("slot{s}.{}", t.name))?);
                 }
-                slots.push(Mats::from_vec(m)?);
+                slots.push(Mats::new(lw.roles.clone(), m)?);
             }
         }
         let ring = if plan.placement.streaming || kv.streams {
@@ -110,6 +127,11 @@ impl Engine {
             step: ctx.uniform("step", s.step)?,
             rows: ctx.alloc_as("rows", s.rows, st)?,
             rope_cs: ctx.alloc_as("rope_cs", s.rope_cs, st)?,
+            rope_cs_swa: if s.rope_cs_swa > 0 {
+                Some(ctx.alloc_as("rope_cs local", s.rope_cs_swa, st)?)
+            } else {
+                None
+            },
             x: ctx.alloc_as("x", s.x, st)?,
             xn: ctx.alloc_as("xn", s.x, st)?,
             q: ctx.alloc_as("q", s.q, st)?,
@@ -171,6 +193,9 @@ impl Engine {
             table_base: l as u32 * kv.layer_words,
             seq_stride: kv.seq_stride,
             round_splits: kv.round_splits,
+            scale: cfg.attn_scale,
+            softcap: cfg.attn_softcap.unwrap_or(0.0),
+            window: cfg.window_of(l).unwrap_or(0),
         };
         let mut decode_lists = Vec::with_capacity(cfg.n_layers);
         let mut prefill_lists = Vec::with_capacity(cfg.n_layers);
@@ -268,6 +293,7 @@ impl Engine {
                         buffer: &slots_h[c % 2],
                         first_row: r0,
                         rows: n,
+                        buf_row: 0,
                     };
                     out.push(kernels::matmul_part(
                         &ctx,

@@ -18,6 +18,7 @@
 //! Prefill batches use matrix-matrix kernels (several tokens per weight read); decode uses T = 1.
 
 mod build;
+mod head;
 mod kvio;
 mod layers;
 mod measure;
@@ -161,6 +162,9 @@ pub struct EngineOptions {
     pub kv_dir: Option<PathBuf>,
     /// Rows of logits a pass can return (for scoring every position of a batch).
     pub logit_rows: usize,
+    /// Bytes per storage binding at most, below the device's limit (splits weights into more
+    /// parts; for tests of the split paths).
+    pub max_binding: Option<u64>,
 }
 
 impl Default for EngineOptions {
@@ -182,6 +186,7 @@ impl Default for EngineOptions {
             kv_select: None,
             kv_dir: None,
             logit_rows: 1,
+            max_binding: None,
         }
     }
 }
@@ -202,6 +207,7 @@ impl EngineOptions {
             kv_window: self.kv_window,
             kv_select: self.kv_select,
             logit_rows: self.logit_rows,
+            max_binding: self.max_binding,
         }
     }
 }

@@ -23,19 +23,9 @@ use thiserror::Error;
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::kernels::{self, ATTN_PARAMS_BYTES, KV_PARAMS_BYTES, KernelError, WeightLayout};
 use crate::model::config::{ModelConfig, OUTPUT, TOKEN_EMBD};
+pub use crate::model::tensors::{MatrixRole, layer_matrices};
 pub use kvplan::{KvPlan, KvSelect, SelectSpec};
 pub use placement::{Costs, Placement, PlacementError, ResidentSpec};
-
-/// Names of a layer's seven matrices, in the order the plan and the engine keep them.
-pub const MATRIX_NAMES: [&str; 7] = [
-    "attn_q",
-    "attn_k",
-    "attn_v",
-    "attn_output",
-    "ffn_gate",
-    "ffn_up",
-    "ffn_down",
-];
 
 #[derive(Debug, Error)]
 pub enum PlanError {
@@ -77,6 +67,9 @@ pub struct PlanOptions {
     pub kv_select: Option<KvSelect>,
     /// Rows of logits one head pass computes (1, or more for scoring whole batches).
     pub logit_rows: usize,
+    /// Bytes per storage binding at most, below the device's limit (None: the device's): splits
+    /// weights into more parts, as a device with smaller bindings would.
+    pub max_binding: Option<u64>,
 }
 
 impl Default for PlanOptions {
@@ -95,13 +88,16 @@ impl Default for PlanOptions {
             kv_window: 0,
             kv_select: None,
             logit_rows: 1,
+            max_binding: None,
         }
     }
 }
 
-/// A layer's seven matrices in the file and their device layout.
+/// A layer's matrices ([`layer_matrices`] of the architecture) in the file and their device
+/// layout.
 #[derive(Debug, Clone)]
 pub struct LayerWeights {
+    pub roles: Vec<MatrixRole>,
     pub files: Vec<TensorInfo>,
     pub layouts: Vec<WeightLayout>,
 }
@@ -110,11 +106,57 @@ impl LayerWeights {
     pub fn device_bytes(&self) -> u64 {
         self.layouts.iter().map(|l| l.device_bytes()).sum()
     }
-    /// Matrix dispatches of one forward list (gate and up share theirs).
-    fn dispatches(&self) -> u64 {
-        let p = |i: usize| self.layouts[i].parts.len() as u64;
-        p(0) + p(1) + p(2) + p(3) + p(4) + p(6)
+    fn layout(&self, role: MatrixRole) -> Option<&WeightLayout> {
+        self.roles
+            .iter()
+            .position(|&r| r == role)
+            .map(|i| &self.layouts[i])
     }
+    /// Matrix dispatches of one forward list: one per part, a gated pair sharing theirs; a fused
+    /// matrix one per piece of each of its sub-matrices.
+    pub fn dispatches(&self, cfg: &ModelConfig) -> u64 {
+        let parts = |role| self.layout(role).map_or(0, |l| l.parts.len() as u64);
+        let mut n = 0u64;
+        for &role in &self.roles {
+            n += match role {
+                MatrixRole::Up => 0,
+                MatrixRole::Qkv => {
+                    let Some(l) = self.layout(role) else { continue };
+                    let p: Vec<(u32, u32)> = l.parts.clone();
+                    let (q, kv) = (cfg.q_dim() as u32, cfg.kv_dim() as u32);
+                    [(0, q), (q, q + kv), (q + kv, q + 2 * kv)]
+                        .iter()
+                        .map(|&(a, b)| kernels::row_pieces(&p, a, b).len() as u64)
+                        .sum()
+                }
+                MatrixRole::GateUp => self.layout(role).map_or(0, |l| {
+                    kernels::paired_pieces(&l.parts, cfg.n_ff as u32).len() as u64
+                }),
+                r => parts(r),
+            };
+        }
+        n
+    }
+}
+
+/// Row-wise dispatches (RMSNorm, RoPE, bias) of one layer's forward list.
+pub fn row_dispatches(cfg: &ModelConfig) -> u64 {
+    4 + if cfg.has_qkv_bias { 3 } else { 0 }
+        + if cfg.qk_norm { 2 } else { 0 }
+        + if cfg.post_norms { 2 } else { 0 }
+}
+
+/// Device bytes of one layer's vectors: norms, biases, q/k norms.
+pub fn layer_vector_bytes(cfg: &ModelConfig) -> u64 {
+    let f = |n: usize| round16((n * 4) as u64);
+    2 * f(cfg.n_embd)
+        + if cfg.has_qkv_bias {
+            f(cfg.q_dim()) + 2 * f(cfg.kv_dim())
+        } else {
+            0
+        }
+        + if cfg.qk_norm { 2 * f(cfg.head_dim) } else { 0 }
+        + if cfg.post_norms { 2 * f(cfg.n_embd) } else { 0 }
 }
 
 /// Bytes of each activation buffer (16-byte rounded, as allocated).
@@ -123,6 +165,8 @@ pub struct Sizes {
     pub step: u64,
     pub rows: u64,
     pub rope_cs: u64,
+    /// The RoPE table of local layers (0 when they rotate as global ones).
+    pub rope_cs_swa: u64,
     pub x: u64,
     pub q: u64,
     pub h: u64,
@@ -138,6 +182,7 @@ impl Sizes {
         self.step
             + self.rows
             + self.rope_cs
+            + self.rope_cs_swa
             + 2 * self.x
             + 2 * self.q
             + self.h
@@ -190,6 +235,7 @@ impl ExecPlan {
         max_binding: u64,
         o: &PlanOptions,
     ) -> Result<Self, PlanError> {
+        let max_binding = o.max_binding.map_or(max_binding, |c| c.min(max_binding));
         let tensor = |name: &str| -> Result<TensorInfo, PlanError> {
             gguf.tensor(name)
                 .cloned()
@@ -204,14 +250,20 @@ impl ExecPlan {
             let cols = u32::try_from(t.row_len()).map_err(|_| bad())?;
             Ok(WeightLayout::new(&t.name, t.ty, rows, cols, max_binding)?)
         };
+        let roles = layer_matrices(cfg);
         let mut layers = Vec::with_capacity(cfg.n_layers);
         for l in 0..cfg.n_layers {
-            let files = MATRIX_NAMES
+            let names = crate::model::config::LayerNames::new(l);
+            let files = roles
                 .iter()
-                .map(|m| tensor(&format!("blk.{l}.{m}.weight")))
+                .map(|r| tensor(r.name(&names)))
                 .collect::<Result<Vec<_>, _>>()?;
             let layouts = files.iter().map(layout).collect::<Result<Vec<_>, _>>()?;
-            layers.push(LayerWeights { files, layouts });
+            layers.push(LayerWeights {
+                roles: roles.clone(),
+                files,
+                layouts,
+            });
         }
         let head_info = tensor(if cfg.tied_output { TOKEN_EMBD } else { OUTPUT })?;
         let head_layout = layout(&head_info)?;
@@ -246,6 +298,11 @@ impl ExecPlan {
             step: 16,
             rows: round16(ubatch as u64 * 16),
             rope_cs: f(ubatch * cfg.rope_dim.max(2)),
+            rope_cs_swa: if cfg.split_rope() {
+                f(ubatch * cfg.rope_dim.max(2))
+            } else {
+                0
+            },
             x: f(ubatch * cfg.n_embd),
             q: f(ubatch * q_dim),
             h: f(ubatch * cfg.n_ff),
@@ -255,13 +312,7 @@ impl ExecPlan {
             part: round16(ubatch as u64 * part_row * kv_min.round_splits as u64),
             running: round16(ubatch as u64 * part_row),
         };
-        let norms = cfg.n_layers as u64 * 2 * f(cfg.n_embd)
-            + f(cfg.n_embd)
-            + if cfg.has_qkv_bias {
-                cfg.n_layers as u64 * (f(q_dim) + 2 * f(kv_dim))
-            } else {
-                0
-            };
+        let norms = cfg.n_layers as u64 * layer_vector_bytes(cfg) + f(cfg.n_embd);
         // Kernel parameters: every dispatch of the decode and prefill lists of every layer,
         // and the head's.
         let row = kernels::ROW_PARAMS_BYTES;
@@ -269,9 +320,8 @@ impl ExecPlan {
         let mut params = 0u64;
         for (l, lw) in layers.iter().enumerate() {
             let select = kv_min.selects_layer(l);
-            let per_list = 4 * row
-                + if cfg.has_qkv_bias { 3 * row } else { 0 }
-                + lw.dispatches() * mm
+            let per_list = row_dispatches(cfg) * row
+                + lw.dispatches(cfg) * mm
                 + KV_PARAMS_BYTES
                 + 2 * ATTN_PARAMS_BYTES
                 + if select { KV_PARAMS_BYTES } else { 0 };
@@ -315,8 +365,10 @@ impl ExecPlan {
             + head_params_max
             + layers.iter().map(|w| w.device_bytes()).sum::<u64>()
             + head.layout.device_bytes();
+        // Pages also leave the device when a layer's pages would not fit one binding.
+        let home_fits_binding = kv_full.max_pages as u64 * kv_full.page_bytes <= max_binding;
         let costs = Costs {
-            resident_extra: if kv_min.streams && all_home > budget {
+            resident_extra: if kv_min.streams && (all_home > budget || !home_fits_binding) {
                 ring
             } else {
                 0
