@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The test command: installs what the tests need (a Vulkan driver, lavapipe when no GPU driver
-# is present, and the default model), then runs the whole suite and prints one total line.
+# is present, the default model, and the NumPy oracle's Python packages), then runs the whole
+# suite and prints one total line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup-gpu.sh
 scripts/fetch-model.sh
+python3 -m pip install --quiet --disable-pip-version-check gguf==0.19.0 numpy==2.4.6
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 set +e
