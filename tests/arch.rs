@@ -177,9 +177,10 @@ fn check_engine(
 
 fn check_arch(spec: &ArchSpec, seed: u64) {
     let name = format!(
-        "{:?}{}",
+        "{:?}{}{}",
         spec.arch,
-        if spec.longrope { "-longrope" } else { "" }
+        if spec.longrope { "-longrope" } else { "" },
+        if spec.mixed_types { "-mixed" } else { "" }
     );
     let dir = scratch().join(&name);
     std::fs::create_dir_all(&dir).unwrap();
@@ -282,6 +283,22 @@ fn gemma2_matches_oracle() {
 #[test]
 fn gemma3_matches_oracle() {
     arch_test(SynthArch::Gemma3, 38);
+}
+
+/// Weight types that vary from layer to layer (as in Q4_K_M files) stream through slots sized
+/// for every layer.
+#[test]
+fn mixed_weight_types_match_oracle() {
+    if !oracle_available() {
+        return;
+    }
+    for (arch, seed) in [(SynthArch::Gemma3, 39), (SynthArch::Llama3, 40)] {
+        let spec = ArchSpec {
+            mixed_types: true,
+            ..ArchSpec::small(arch)
+        };
+        check_arch(&spec, seed);
+    }
 }
 
 /// The features each synthetic file turns on, as the config reads them.

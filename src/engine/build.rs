@@ -105,17 +105,35 @@ impl Engine {
             });
         }
         let streamed = plan.streamed_layers();
-        let mut slots = Vec::new();
-        if let Some(&first) = streamed.first() {
-            let lw = &plan.layers[first];
+        // Layer slots, each sized for any layer; every streamed layer sees its slot through its
+        // own layout (its weight types may differ from the other layers').
+        let mut slot_bufs = Vec::new();
+        if !streamed.is_empty() {
             for s in 0..plan.placement.slots {
-                let mut m = Vec::with_capacity(lw.files.len());
-                for (t, lay) in lw.files.iter().zip(&lw.layouts) {
-                    m.push(lay.alloc(&ctx, &format!("slot{s}.{}", t.name))?);
+                let mut mats = Vec::with_capacity(plan.slot_parts.len());
+                for (m, parts) in plan.slot_parts.iter().enumerate() {
+                    let mut bufs = Vec::with_capacity(parts.len());
+                    for (i, &b) in parts.iter().enumerate() {
+                        bufs.push(Arc::new(ctx.storage(&format!("slot{s}.m{m}[{i}]"), b)?));
+                    }
+                    mats.push(bufs);
                 }
-                slots.push(Mats::new(lw.roles.clone(), m)?);
+                slot_bufs.push(mats);
             }
         }
+        let mut stream_mats = Vec::with_capacity(streamed.len());
+        for (si, &l) in streamed.iter().enumerate() {
+            let lw = &plan.layers[l];
+            let bufs = slot_bufs
+                .get(si % slot_bufs.len().max(1))
+                .ok_or_else(|| EngineError::MissingTensor("a layer slot".into()))?;
+            let mut m = Vec::with_capacity(lw.files.len());
+            for ((t, lay), b) in lw.files.iter().zip(&lw.layouts).zip(bufs) {
+                m.push(lay.view(&t.name, b)?);
+            }
+            stream_mats.push(Mats::new(lw.roles.clone(), m)?);
+        }
+        let n_slots = slot_bufs.len();
         let ring = if plan.placement.streaming || kv.streams {
             Some(StagingRing::new(&ctx, plan.ring_slots, plan.ring_chunk)?)
         } else {
@@ -204,7 +222,9 @@ impl Engine {
                 Some(m) => m,
                 None => {
                     let si = streamed.iter().position(|&x| x == l).unwrap_or(0);
-                    &slots[si % slots.len().max(1)]
+                    stream_mats
+                        .get(si)
+                        .ok_or_else(|| EngineError::MissingTensor("a streamed layer".into()))?
                 }
             };
             for (tt, out) in [
@@ -354,7 +374,8 @@ impl Engine {
             gguf,
             embd,
             layers: layer_objs,
-            slots,
+            stream_mats,
+            n_slots,
             head,
             head_norm,
             head_norm_rows,

@@ -247,7 +247,10 @@ pub struct Engine {
     gguf: Arc<GgufFile>,
     embd: TensorInfo,
     layers: Vec<layers::Layer>,
-    slots: Vec<layers::Mats>,
+    /// Each streamed layer's matrices, seen in its layer slot.
+    stream_mats: Vec<layers::Mats>,
+    /// Layer slots streamed layers compute from.
+    n_slots: usize,
     head: Head,
     head_norm: Dispatch,
     head_norm_rows: Option<Dispatch>,

@@ -42,7 +42,6 @@ impl Engine {
     /// Queue streamed layer `si` (index into `streamed`) into slot `si % slots`.
     pub(super) fn queue_weights(&mut self, si: usize) {
         let l = self.streamed[si];
-        let slot = si % self.slots.len();
         // Ask for the streamed layer after this one ahead of its read.
         if let Some(&after) = self.streamed.get((si + 1) % self.streamed.len()) {
             for t in &self.plan.layers[after].files {
@@ -51,7 +50,11 @@ impl Engine {
         }
         let mut reqs = Vec::new();
         let mut hints = Vec::new();
-        for (t, w) in self.plan.layers[l].files.iter().zip(self.slots[slot].all()) {
+        for (t, w) in self.plan.layers[l]
+            .files
+            .iter()
+            .zip(self.stream_mats[si].all())
+        {
             for (buf, r0, n) in &w.parts {
                 reqs.push(OwnedReq {
                     src_offset: t.offset + *r0 as u64 * w.row_bytes as u64,
@@ -211,7 +214,7 @@ impl Engine {
         self.tracer.span("embed", "host", TID_HOST, th);
 
         let n_s = self.streamed.len();
-        let window = self.slots.len().min(n_s);
+        let window = self.n_slots.min(n_s);
         while self.prefetched < window {
             let k = self.prefetched;
             self.queue_weights(k);
@@ -315,7 +318,7 @@ impl Engine {
             // Queue what the next layers need behind this layer's compute.
             if self.layers[l].mats.is_none() {
                 let si = self.streamed.iter().position(|&x| x == l).unwrap_or(0);
-                let next = si + self.slots.len();
+                let next = si + self.n_slots;
                 if next < n_s {
                     self.queue_weights(next);
                 }

@@ -553,11 +553,23 @@ impl GpuContext {
             }
         });
         self.wait()?;
-        let res = slot.lock().ok().and_then(|mut s| s.take());
-        match res {
-            Some(Ok(())) => {}
-            Some(Err(e)) => return Err(GpuError::MapFailed(e.to_string())),
-            None => return Err(GpuError::MapFailed("map callback never ran".into())),
+        // Another thread's poll (the upload thread's) may have taken the callback and not run
+        // it yet: give it a moment before calling the mapping lost.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let res = loop {
+            if let Some(r) = slot.lock().ok().and_then(|mut s| s.take()) {
+                break r;
+            }
+            if std::time::Instant::now() > deadline {
+                return Err(GpuError::MapFailed("map callback never ran".into()));
+            }
+            self.device
+                .poll(wgpu::PollType::Poll)
+                .map_err(|e| GpuError::DeviceLost(e.to_string()))?;
+            std::thread::yield_now();
+        };
+        if let Err(e) = res {
+            return Err(GpuError::MapFailed(e.to_string()));
         }
         let out = {
             let view = buf

@@ -2,6 +2,8 @@
 //! binding and one dispatch grid), uploads and slots, and the pieces a fused matrix's
 //! sub-matrices are computed in.
 
+use std::sync::Arc;
+
 use crate::gguf::GgmlType;
 use crate::gpu::{GpuBuffer, GpuContext};
 
@@ -15,7 +17,8 @@ pub struct GpuWeight {
     pub cols: u32,
     pub row_bytes: u32,
     /// (buffer, first row, row count)
-    pub parts: Vec<(GpuBuffer, u32, u32)>,
+    /// (buffer, first row, rows); a buffer may be shared (a layer slot seen by several layers).
+    pub parts: Vec<(Arc<GpuBuffer>, u32, u32)>,
 }
 
 impl GpuWeight {
@@ -105,7 +108,7 @@ impl WeightLayout {
         let mut parts = Vec::with_capacity(self.parts.len());
         for (i, &(r0, n)) in self.parts.iter().enumerate() {
             parts.push((
-                ctx.storage(&format!("{label}[{r0}..]"), self.part_bytes(i))?,
+                Arc::new(ctx.storage(&format!("{label}[{r0}..]"), self.part_bytes(i))?),
                 r0,
                 n,
             ));
@@ -136,7 +139,7 @@ impl WeightLayout {
             let a = r0 as usize * rb;
             let b = a + n as usize * rb;
             parts.push((
-                ctx.storage_with(&format!("{label}[{r0}..]"), &data[a..b])?,
+                Arc::new(ctx.storage_with(&format!("{label}[{r0}..]"), &data[a..b])?),
                 r0,
                 n,
             ));
@@ -144,7 +147,24 @@ impl WeightLayout {
         Ok(self.with_parts(parts))
     }
 
-    fn with_parts(&self, parts: Vec<(GpuBuffer, u32, u32)>) -> GpuWeight {
+    /// This layout over existing buffers (a layer slot sized for every layer that streams
+    /// through it): part `i` lives in `buffers[i]`.
+    pub fn view(&self, label: &str, buffers: &[Arc<GpuBuffer>]) -> Result<GpuWeight, KernelError> {
+        let mut parts = Vec::with_capacity(self.parts.len());
+        for (i, &(r0, n)) in self.parts.iter().enumerate() {
+            let b = buffers
+                .get(i)
+                .filter(|b| b.size >= self.part_bytes(i))
+                .ok_or_else(|| KernelError::Shape {
+                    kernel: "weights",
+                    problem: format!("{label}: part {i} does not fit its slot"),
+                })?;
+            parts.push((b.clone(), r0, n));
+        }
+        Ok(self.with_parts(parts))
+    }
+
+    fn with_parts(&self, parts: Vec<(Arc<GpuBuffer>, u32, u32)>) -> GpuWeight {
         GpuWeight {
             ty: self.ty,
             rows: self.rows,

@@ -83,6 +83,9 @@ pub struct ArchSpec {
     pub window: u32,
     /// Phi-3: LongRoPE factor tensors, original context `ctx / 4`.
     pub longrope: bool,
+    /// Odd layers store their V and down projections as Q8_0 (F16 when the weight type is
+    /// Q8_0), as llama.cpp's mixed quantizations (Q4_K_M, ...) vary types from layer to layer.
+    pub mixed_types: bool,
 }
 
 impl ArchSpec {
@@ -104,6 +107,7 @@ impl ArchSpec {
             untied_output: false,
             window: 0,
             longrope: false,
+            mixed_types: false,
         };
         match arch {
             SynthArch::Llama3 => ArchSpec {
@@ -263,8 +267,24 @@ pub fn synthetic_arch(spec: &ArchSpec, seed: u64) -> Vec<u8> {
     copy_tokenizer(&mut w, s.vocab);
 
     let ty = s.weight_type;
+    let other = if ty == GgmlType::Q8_0 {
+        GgmlType::F16
+    } else {
+        GgmlType::Q8_0
+    };
     let mut rng = Normal(SplitMix64(seed));
     let mut matrix = |w: &mut GgufWriter, name: &str, cols: usize, rows: usize| {
+        let odd_layer = name
+            .strip_prefix("blk.")
+            .and_then(|r| r.split('.').next())
+            .and_then(|n| n.parse::<usize>().ok())
+            .is_some_and(|l| l % 2 == 1);
+        let varies = name.ends_with("attn_v.weight") || name.ends_with("ffn_down.weight");
+        let ty = if s.mixed_types && odd_layer && varies {
+            other
+        } else {
+            ty
+        };
         let std = 1.0 / (cols as f32).sqrt();
         let vals: Vec<f32> = (0..rows * cols).map(|_| rng.next() * std).collect();
         w.tensor(name, &[cols as u64, rows as u64], ty, quantize(ty, &vals));

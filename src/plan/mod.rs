@@ -214,6 +214,8 @@ pub struct ExecPlan {
     pub head: HeadPlan,
     pub ring_slots: usize,
     pub ring_chunk: u64,
+    /// Bytes of each matrix part of a layer slot (matrix, part).
+    pub slot_parts: Vec<Vec<u64>>,
     pub placement: Placement,
     pub kv: KvPlan,
     pub sizes: Sizes,
@@ -349,7 +351,20 @@ impl ExecPlan {
             o.ring_slots
         };
         let ring = crate::gpu::staging::ring_bytes(ring_slots, ring_chunk);
-        let max_layer = layers.iter().map(|w| w.device_bytes()).max().unwrap_or(0);
+        // A layer slot holds any layer: per matrix and part, the largest over the layers (their
+        // weight types may differ from layer to layer).
+        let mut slot_parts: Vec<Vec<u64>> = Vec::new();
+        for lw in &layers {
+            slot_parts.resize(lw.layouts.len().max(slot_parts.len()), Vec::new());
+            for (m, lay) in lw.layouts.iter().enumerate() {
+                let sp = &mut slot_parts[m];
+                sp.resize(lay.parts.len().max(sp.len()), 0);
+                for (i, b) in sp.iter_mut().enumerate().take(lay.parts.len()) {
+                    *b = (*b).max(lay.part_bytes(i));
+                }
+            }
+        }
+        let slot_bytes: u64 = slot_parts.iter().flatten().sum();
         let slots_wanted = (o.prefetch + 1).min(cfg.n_layers.max(1));
         let head_params_max = head_lists * head_resident_params.max(head_stream_params);
         // Everything resident with every KV page at home needs no staging ring; if that does
@@ -378,17 +393,19 @@ impl ExecPlan {
             norms,
             params: params + head_params_max,
             ring,
-            layer: max_layer,
+            layer: slot_bytes,
+            layers: layers.iter().map(|w| w.device_bytes()).collect(),
             head: head.layout.device_bytes(),
             head_chunk: head.chunk_bytes,
         };
         let placement = placement::plan(costs, cfg.n_layers, budget, slots_wanted, &o.resident)?;
-        // Streamed layers share slots: they must all have the first streamed layer's shapes.
+        // Streamed layers share slots: they must all have the first streamed layer's shapes
+        // (their weight types may differ).
         let mut streamed = (0..cfg.n_layers).filter(|&l| !placement.resident_layers[l]);
         if let Some(first) = streamed.next() {
             for l in streamed {
                 for (a, b) in layers[l].files.iter().zip(&layers[first].files) {
-                    if a.ty != b.ty || a.dims != b.dims {
+                    if a.dims != b.dims {
                         return Err(PlanError::UnevenLayers(format!(
                             "{} differs from {}",
                             a.name, b.name
@@ -433,6 +450,7 @@ impl ExecPlan {
             head,
             ring_slots,
             ring_chunk,
+            slot_parts,
             placement,
             kv,
             sizes,
