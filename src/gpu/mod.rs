@@ -553,23 +553,16 @@ impl GpuContext {
             }
         });
         self.wait()?;
-        // Another thread's poll (the upload thread's) may have taken the callback and not run
-        // it yet: give it a moment before calling the mapping lost.
+        // The upload thread's poll may have taken the callback and not run it yet.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        let res = loop {
-            if let Some(r) = slot.lock().ok().and_then(|mut s| s.take()) {
-                break r;
-            }
-            if std::time::Instant::now() > deadline {
-                return Err(GpuError::MapFailed("map callback never ran".into()));
-            }
-            self.device
-                .poll(wgpu::PollType::Poll)
-                .map_err(|e| GpuError::DeviceLost(e.to_string()))?;
+        while slot.lock().is_ok_and(|s| s.is_none()) && std::time::Instant::now() < deadline {
+            let _ = self.device.poll(wgpu::PollType::Poll);
             std::thread::yield_now();
-        };
-        if let Err(e) = res {
-            return Err(GpuError::MapFailed(e.to_string()));
+        }
+        match slot.lock().ok().and_then(|mut s| s.take()) {
+            Some(Ok(())) => {}
+            Some(Err(e)) => return Err(GpuError::MapFailed(e.to_string())),
+            None => return Err(GpuError::MapFailed("map callback never ran".into())),
         }
         let out = {
             let view = buf
