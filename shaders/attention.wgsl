@@ -7,7 +7,8 @@
 // pairs; bit 31 of a slot selects the stream pool. Key k of the list is row k % P of list entry
 // k / P; list entries are all full pages except possibly the last, so list keys are contiguous.
 //
-// A row t (sequence seq, position pos) scans list keys [0, min(list_keys, pos + 1)). The keys
+// A row t (sequence seq, position pos) scans list keys [0, min(list_keys, pos + 1 - key_base))
+// (key_base: the position of list key 0 when the list starts past position 0). The keys
 // are cut into splits of SPLIT keys; one workgroup per (head, row, split of this round) walks its
 // split in chunks of WG keys with an online softmax and writes the unnormalized partial result
 // (acc[head_dim], running max m, sum l). `merge` folds a round's partials, in split order, into
@@ -16,10 +17,13 @@
 //
 // Table header per layer (at word `table_base`): [first split of this round, flags (1: first
 // round, 2: last round), splits in this round, pages to score]; then per sequence (stride
-// `seq_stride` words): [list entries, list keys, 0, 0, (page, slot) x max_pages].
+// `seq_stride` words): [list entries, list keys, key_base, 0, (page, slot) x max_pages].
 //
-// Defines: DPT = ceil(head_dim / WG) output dims per thread; VEC4 (head_dim a multiple of 4):
-// Q and K are read as vec4s; KV_F16: the pools hold f16 pairs packed in u32 words.
+// Scores are q.k * scale. Defines: DPT = ceil(head_dim / WG) output dims per thread; VEC4
+// (head_dim a multiple of 4): Q and K are read as vec4s; KV_F16: the pools hold f16 pairs
+// packed in u32 words; SOFTCAP: scores become softcap * tanh(score / softcap); SWA (sliding
+// window): a key at position kp (from its page number) counts for a row at pos only when
+// pos - kp < window. Masked keys weigh exactly 0, whatever split they fall in.
 
 struct Params {
     n_heads: u32,
@@ -34,6 +38,10 @@ struct Params {
     round_splits: u32,
     o_stride: u32,
     scale: f32,
+    softcap: f32,
+    window: u32,
+    _pad0: u32,
+    _pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -65,6 +73,12 @@ const SPLIT: u32 = 512u;
 const STREAM: u32 = 0x80000000u;
 
 #ifndef MERGE
+// tanh that cannot overflow.
+fn tanh_s(x: f32) -> f32 {
+    let e = exp(-2.0 * abs(x));
+    return sign(x) * (1.0 - e) / (1.0 + e);
+}
+
 // Element i of a pool (bit 31 of `i` selects the stream pool).
 fn kv_at(i: u32) -> f32 {
     let e = i & ~STREAM;
@@ -120,7 +134,8 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     let kvh = h / (p.n_heads / p.n_kv_heads);
     let row = rows[t];
     let sb = p.table_base + 4u + row.x * p.seq_stride;
-    let scan = min(table[sb + 1u], row.y + 1u);
+    let key_base = table[sb + 2u];
+    let scan = min(table[sb + 1u], select(0u, row.y + 1u - key_base, row.y + 1u > key_base));
     let split = table[p.table_base] + z;
     let k0 = min(split * SPLIT, scan);
     let k1 = min(k0 + SPLIT, scan);
@@ -143,23 +158,34 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     for (var c0 = k0; c0 < k1; c0 += WG) {
         let j = c0 + lid;
         var s = -1.0e30;
+        var valid = false;
         if (j < k1) {
             let e = sb + 4u + 2u * (j / p.page_tokens);
             let slot = table[e + 1u];
             let kb = (((slot & ~STREAM) * p.page_elems + (j % p.page_tokens) * p.kv_dim
                 + kvh * hd)) | (slot & STREAM);
             kbase[lid] = kb;
-            var dotv = 0.0;
-#ifdef VEC4
-            for (var d4 = 0u; d4 < hd / 4u; d4++) {
-                dotv += dot(qs4[d4], kv4_at(kb + 4u * d4));
-            }
-#else
-            for (var d = 0u; d < hd; d++) {
-                dotv += qs[d] * kv_at(kb + d);
-            }
+            valid = true;
+#ifdef SWA
+            let kpos = table[e] * p.page_tokens + j % p.page_tokens;
+            valid = row.y < kpos || row.y - kpos < p.window;
 #endif
-            s = dotv * p.scale;
+            if (valid) {
+                var dotv = 0.0;
+#ifdef VEC4
+                for (var d4 = 0u; d4 < hd / 4u; d4++) {
+                    dotv += dot(qs4[d4], kv4_at(kb + 4u * d4));
+                }
+#else
+                for (var d = 0u; d < hd; d++) {
+                    dotv += qs[d] * kv_at(kb + d);
+                }
+#endif
+                s = dotv * p.scale;
+#ifdef SOFTCAP
+                s = p.softcap * tanh_s(s / p.softcap);
+#endif
+            }
         }
 #ifdef VEC4
         sc4[lid >> 2u][lid & 3u] = s;
@@ -181,7 +207,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         let m_new = max(m, cmax);
         let alpha = exp(m - m_new);
         var pj = 0.0;
-        if (j < k1) {
+        if (valid) {
             pj = exp(s - m_new);
         }
 #ifdef VEC4

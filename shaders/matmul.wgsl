@@ -1,7 +1,8 @@
 // Quantized matrix products: Y[t, r] (+)= sum_c W[r, c] * X[t, c].
 //
-// W is one part of a weight tensor exactly as stored in the GGUF file (rows [0, rows) of the
-// part), read as raw u32 words: no dequantized copy exists on the device. Each workgroup
+// W is one part of a weight tensor exactly as stored in the GGUF file (rows [w_row0, w_row0 +
+// rows) of its buffer; W2's rows start at w2_row0 of its own), read as raw u32 words: no
+// dequantized copy exists on the device. Each workgroup
 // handles ROWS_PER_WG rows and TT tokens; TPR threads share a row, each walking 8-weight units.
 // With TT = 1 this is the decode matrix-vector product; with TT > 1 every weight unit read is
 // reused across TT tokens (prefill).
@@ -9,6 +10,7 @@
 // Defines: one of F32 / F16 / BF16 / Q4_0 / Q4_1 / Q8_0, or EXT with one of the types decoded in
 // matmul_quant.wgsl (included at the end); ROWS_PER_WG, TPR (power of two), TT;
 // ACC (add into Y: fused residual); SWIGLU (a second weight W2 and Y = silu(W X) * (W2 X));
+// GELU (with SWIGLU: Y = gelu_tanh(W X) * (W2 X) instead);
 // REDUCE (TPR > 1: lanes of a row combine through workgroup memory); RAGGED (float types whose
 // row length may not be a multiple of 8).
 //
@@ -28,9 +30,9 @@ struct Params {
     y_at_pos: u32,
     x_offset: u32,
     n_tokens: u32,
+    w_row0: u32,
+    w2_row0: u32,
     _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -61,6 +63,11 @@ fn word(s: u32, i: u32) -> u32 {
     }
 #endif
     return w[i];
+}
+
+// Byte offset of row r of weight s (0: W, 1: W2).
+fn row_byte(s: u32, r: u32) -> u32 {
+    return (r + select(p.w_row0, p.w2_row0, s == 1u)) * p.row_bytes;
 }
 
 // 16 bits at an even byte offset.
@@ -106,7 +113,7 @@ fn load_unit(s: u32, r: u32, u: u32) -> Unit {
 #ifdef EXT
     return ext_unit(s, r, u);
 #else
-    let rb = r * p.row_bytes;
+    let rb = row_byte(s, r);
 #ifdef Q4_1
     // Block: f16 d, f16 m, 16 bytes; byte j holds elements j (low) and j + 16 (high).
     let blk = (rb + (u >> 2u) * 20u) >> 2u;
@@ -423,7 +430,8 @@ fn main(
 #endif
     let n_tok = select(step.n_tokens, p.n_tokens, p.n_tokens != 0u);
     let r = wid.x * ROWS_PER_WG + lid;
-    let rb = min(r, p.rows - 1u) * p.row_bytes;
+    let rb = row_byte(0u, min(r, p.rows - 1u));
+    let rb2 = row_byte(1u, min(r, p.rows - 1u));
     let t0 = wid.y * TT;
     let last = n_tok - 1u;
     let xs = p.x_stride >> 2u;
@@ -456,7 +464,7 @@ fn main(
         if ((k % HDR_EVERY) == 0u) {
             hd = ext_header(0u, rb, k);
 #ifdef SWIGLU
-            hd2 = ext_header(1u, rb, k);
+            hd2 = ext_header(1u, rb2, k);
 #endif
         }
         let wb = ext_chunk(0u, hd, k);
@@ -468,7 +476,7 @@ fn main(
 #else
         let wb = load_block(0u, rb, k);
 #ifdef SWIGLU
-        let wb2 = load_block(1u, rb, k);
+        let wb2 = load_block(1u, rb2, k);
 #else
         let wb2 = wb;
 #endif
@@ -531,7 +539,11 @@ fn store(t: u32, r: u32, v: f32, v2: f32) {
     }
     var o = v;
 #ifdef SWIGLU
+#ifdef GELU
+    o = gelu_tanh(v) * v2;
+#else
     o = v / (1.0 + exp(-v)) * v2;
+#endif
 #endif
 #ifdef ACC
     y[yo] += o;
@@ -539,5 +551,15 @@ fn store(t: u32, r: u32, v: f32, v2: f32) {
     y[yo] = o;
 #endif
 }
+
+#ifdef GELU
+// GELU, tanh approximation, with a tanh that cannot overflow.
+fn gelu_tanh(g: f32) -> f32 {
+    let u = 0.7978845608 * g * (1.0 + 0.044715 * g * g);
+    let e = exp(-2.0 * abs(u));
+    let th = sign(u) * (1.0 - e) / (1.0 + e);
+    return 0.5 * g * (1.0 + th);
+}
+#endif
 
 #include "matmul_quant"

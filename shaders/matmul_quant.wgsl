@@ -88,7 +88,7 @@ fn bytes8(s: u32, off: u32) -> vec2<u32> {
 }
 
 fn ext_unit(s: u32, r: u32, u: u32) -> Unit {
-    let rb = r * p.row_bytes;
+    let rb = row_byte(s, r);
 #ifdef Q5_0
     let blk = rb + (u >> 2u) * 22u;
     let sub = u & 3u;

@@ -1,4 +1,8 @@
-// RMSNorm: Y[t, i] = X[t, i] / sqrt(mean_i(X[t, i]^2) + eps) * W[i]. One workgroup per token.
+// RMSNorm: Y[t, i] = X[t, i] / sqrt(mean_i(X[t, i]^2) + eps) * W[i]. One workgroup per token and
+// head: workgroup (t, h) normalizes the n values at X[x_offset + t * x_stride + h * n] (one head
+// of a row when the grid's y is the head count, the whole row when it is 1).
+//
+// Defines: INPLACE (no X binding: normalize Y in place); ACC (add into Y: a residual add).
 
 struct Params {
     n: u32,
@@ -12,12 +16,22 @@ struct Params {
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
+#ifndef INPLACE
 @group(0) @binding(2) var<storage, read> x: array<f32>;
+#endif
 @group(0) @binding(3) var<storage, read> wt: array<f32>;
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
 
 const WG: u32 = 64u;
 var<workgroup> red: array<f32, WG>;
+
+fn xv(i: u32) -> f32 {
+#ifdef INPLACE
+    return y[i];
+#else
+    return x[i];
+#endif
+}
 
 @compute @workgroup_size(WG)
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
@@ -26,10 +40,11 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     if (t >= n_tok) {
         return;
     }
-    let xb = p.x_offset + t * p.x_stride;
+    let h = wid.y;
+    let xb = p.x_offset + t * p.x_stride + h * p.n;
     var s = 0.0;
     for (var i = lid; i < p.n; i += WG) {
-        let v = x[xb + i];
+        let v = xv(xb + i);
         s += v * v;
     }
     red[lid] = s;
@@ -41,8 +56,13 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         workgroupBarrier();
     }
     let inv = 1.0 / sqrt(red[0] / f32(p.n) + p.eps);
-    let yb = t * p.y_stride;
+    let yb = t * p.y_stride + h * p.n;
     for (var i = lid; i < p.n; i += WG) {
-        y[yb + i] = x[xb + i] * inv * wt[i];
+        let v = xv(xb + i) * inv * wt[i];
+#ifdef ACC
+        y[yb + i] += v;
+#else
+        y[yb + i] = v;
+#endif
     }
 }

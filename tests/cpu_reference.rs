@@ -305,8 +305,16 @@ fn config_errors() {
         "{e:?}"
     );
 
-    // Rope scaling other than none; "none" itself is fine.
-    for (kind, ok) in [("yarn", false), ("linear", false), ("none", true)] {
+    // Rope scaling: none, linear and llama3 run; yarn does not, nor longrope without its factor
+    // tensors.
+    for (kind, ok) in [
+        ("yarn", false),
+        ("linear", true),
+        ("none", true),
+        ("llama3", true),
+        ("longrope", false),
+        ("dynamic", false),
+    ] {
         let g = rebuild(
             &s,
             keep_meta,
@@ -317,11 +325,12 @@ fn config_errors() {
         match ModelConfig::from_gguf(&g) {
             Ok(_) => assert!(ok, "rope scaling {kind} accepted"),
             Err(ModelError::UnsupportedRopeScaling { kind: k, .. }) => {
-                assert!(!ok && k == kind, "{k}")
+                assert!(!ok && k.starts_with(kind), "{k}")
             }
             Err(e) => panic!("rope scaling {kind}: {e:?}"),
         }
     }
+    // A factor without a type is linear scaling, as llama.cpp reads it.
     let g = rebuild(
         &s,
         keep_meta,
@@ -329,10 +338,18 @@ fn config_errors() {
         &[("llama.rope.scaling.factor", MetaValue::F32(4.0))],
         &[],
     );
-    assert!(matches!(
-        config_err(&g),
-        ModelError::UnsupportedRopeScaling { .. }
-    ));
+    let c = ModelConfig::from_gguf(&g).expect("linear scaling");
+    assert_eq!(c.rope.freq_scale, 0.25);
+    for bad in [f32::NAN, -2.0] {
+        let g = rebuild(
+            &s,
+            keep_meta,
+            keep_tensor,
+            &[("llama.rope.scaling.factor", MetaValue::F32(bad))],
+            &[],
+        );
+        assert!(matches!(config_err(&g), ModelError::BadConfig { .. }));
+    }
 
     // Heads that do not group.
     let g = rebuild(
@@ -375,11 +392,34 @@ fn config_errors() {
         keep_meta,
         keep_tensor,
         &[],
+        &[("blk.0.attn_q_norm.weight", vec![16])],
+    );
+    assert!(matches!(
+        config_err(&g),
+        ModelError::UnexpectedTensor { name, .. } if name == "blk.0.attn_q_norm.weight"
+    ));
+    // Frequency factors must have one value per rotated pair (and be positive).
+    let g = rebuild(
+        &s,
+        keep_meta,
+        keep_tensor,
+        &[],
+        &[("rope_freqs.weight", vec![16])],
+    );
+    assert!(matches!(
+        config_err(&g),
+        ModelError::BadShape { name, .. } if name == "rope_freqs.weight"
+    ));
+    let g = rebuild(
+        &s,
+        keep_meta,
+        keep_tensor,
+        &[],
         &[("rope_freqs.weight", vec![8])],
     );
     assert!(matches!(
         config_err(&g),
-        ModelError::UnexpectedTensor { name, .. } if name == "rope_freqs.weight"
+        ModelError::BadConfig { key, .. } if key == "rope_freqs.weight"
     ));
 
     // The same model relabelled qwen2: needs q/k/v biases, then uses neox rope.

@@ -213,7 +213,7 @@ fn matmul_split_into_parts_and_written_at_position() {
         let buf = ctx
             .storage_with("part", &bytes[r0 * rb..(r0 + n) * rb])
             .unwrap();
-        parts.push((buf, r0 as u32, n as u32));
+        parts.push((std::sync::Arc::new(buf), r0 as u32, n as u32));
     }
     let gw = kernels::GpuWeight {
         ty,

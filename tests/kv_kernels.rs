@@ -4,7 +4,7 @@
 //!
 //! Tolerance: attention 1e-4 relative to max(1, |reference|) (f32 accumulation in another order);
 //! results must be bit-identical whatever the rounds and the pools, since the split boundaries
-//! depend only on the keys.
+//! depend only on the keys. Sliding windows and soft-capping are covered the same way.
 mod common;
 
 use common::Rng;
@@ -43,6 +43,11 @@ struct Case {
     past: usize,
     rows: usize,
     f16: bool,
+    /// Sliding window (0: none); the list then starts at the first page the batch's window
+    /// reaches.
+    window: u32,
+    /// Attention logit soft-cap (0: none).
+    softcap: f32,
 }
 
 /// Run paged attention for `c` with pages placed by `seed` and `round_splits` splits per round;
@@ -102,6 +107,9 @@ fn attend(ctx: &GpuContext, c: &Case, seed: u64, round_splits: u32) -> (Vec<f32>
         table_base: 0,
         seq_stride,
         round_splits,
+        scale: 0.7 / (c.hd as f32).sqrt(),
+        softcap: c.softcap,
+        window: c.window,
     };
     let map = PageMap {
         page_tokens: c.page,
@@ -112,9 +120,14 @@ fn attend(ctx: &GpuContext, c: &Case, seed: u64, round_splits: u32) -> (Vec<f32>
         halves: 1,
         kv_dim: kv_dim as u32,
     };
-    let mut list = PageList::exact(&map, n_keys - 1);
-    for (e, &s) in list.entries.iter_mut().zip(&slots) {
-        e.1 = s;
+    let first = if c.window > 0 {
+        (c.past + 1).saturating_sub(c.window as usize)
+    } else {
+        0
+    };
+    let mut list = PageList::exact_from(&map, first, n_keys - 1);
+    for e in list.entries.iter_mut() {
+        e.1 = slots[e.0 as usize];
     }
     let rows: Vec<u32> = (0..c.rows)
         .flat_map(|t| [0, (c.past + t) as u32, 0, 0])
@@ -159,13 +172,24 @@ fn attend(ctx: &GpuContext, c: &Case, seed: u64, round_splits: u32) -> (Vec<f32>
     let mut want = Vec::new();
     for t in 0..c.rows {
         let seen = c.past + t + 1;
-        want.extend(ops::attention(
+        let shape = ops::AttnShape {
+            n_heads: c.nh,
+            n_kv_heads: c.nkv,
+            head_dim: c.hd,
+            scale: 0.7 / (c.hd as f32).sqrt(),
+            softcap: (c.softcap > 0.0).then_some(c.softcap),
+        };
+        let from = if c.window > 0 {
+            seen.saturating_sub(c.window as usize)
+        } else {
+            0
+        };
+        want.extend(ops::attention_range(
             &q[t * c.nh * c.hd..(t + 1) * c.nh * c.hd],
             &k[..seen * kv_dim],
             &v[..seen * kv_dim],
-            c.nh,
-            c.nkv,
-            c.hd,
+            &shape,
+            from,
             seen,
         ));
     }
@@ -185,7 +209,18 @@ fn paged_attention_matches_reference_over_pages_pools_and_rounds() {
         (3, 1, 17, 4, 9, 3, false),
         (3, 1, 18, 8, 600, 2, true),
     ];
-    for (nh, nkv, hd, page, past, rows, f16) in cases {
+    // Sliding windows (some reaching past a split, some inside one page) and soft-capping.
+    let windowed = [
+        (4, 2, 32, 16, 1300, 5, true, 37, 0.0),
+        (4, 2, 32, 1, 1100, 3, false, 600, 2.5),
+        (3, 1, 18, 8, 40, 6, false, 4, 0.0),
+        (2, 1, 64, 64, 700, 2, true, 100, 1.0),
+    ];
+    let cases = cases
+        .iter()
+        .map(|&(a, b, c, d, e, f, g)| (a, b, c, d, e, f, g, 0, 0.0))
+        .chain(windowed);
+    for (nh, nkv, hd, page, past, rows, f16, window, softcap) in cases {
         let c = Case {
             nh,
             nkv,
@@ -194,6 +229,8 @@ fn paged_attention_matches_reference_over_pages_pools_and_rounds() {
             past,
             rows,
             f16,
+            window,
+            softcap,
         };
         let splits_per_page = (page / ATTN_SPLIT_KEYS).max(1);
         let all = ((past + rows) as u32).div_ceil(ATTN_SPLIT_KEYS).max(1);
@@ -240,6 +277,7 @@ fn store_meta_and_score_kernels() {
             table_base: 0,
             seq_stride: 0,
             round_splits: 1,
+            ..Default::default()
         };
         let elt = if f16 { 2 } else { 4 };
         let page_bytes = 2 * p * kv_dim * elt;

@@ -5,17 +5,20 @@ use flashlm::gguf::GgmlType;
 use flashlm::gpu::Defines;
 use flashlm::kernels::weight_type_defines;
 
+/// Flags combined with every matrix kernel variant: plain, fused residual, SwiGLU, GeGLU.
+const EXTRAS: [&[&str]; 4] = [&[], &["ACC"], &["SWIGLU"], &["SWIGLU", "GELU"]];
+
 #[test]
 fn all_shader_variants_compile() {
     let Some(ctx) = common::gpu() else { return };
     for ty in GgmlType::ALL {
         for tt in [1, 8] {
-            for extra in [None, Some("ACC"), Some("SWIGLU")] {
+            for extra in EXTRAS {
                 let mut d = weight_type_defines(ty)
                     .val("ROWS_PER_WG", "4u")
                     .val("TPR", "16u")
                     .val("TT", format!("{tt}u"));
-                if let Some(e) = extra {
+                for e in extra {
                     d = d.flag(e);
                 }
                 ctx.pipelines
@@ -27,7 +30,7 @@ fn all_shader_variants_compile() {
     // The thread-per-row block path of the quantized types, with and without shared X.
     for ty in GgmlType::ALL.into_iter().filter(|t| t.is_quantized()) {
         for tt in [1, 8] {
-            for extra in [None, Some("ACC"), Some("SWIGLU")] {
+            for extra in EXTRAS {
                 for share in [false, true] {
                     if share && !ctx.subgroups8 {
                         continue;
@@ -40,7 +43,7 @@ fn all_shader_variants_compile() {
                     if share {
                         d = d.flag("SHARE_X");
                     }
-                    if let Some(e) = extra {
+                    for e in extra {
                         d = d.flag(e);
                     }
                     ctx.pipelines
@@ -50,9 +53,12 @@ fn all_shader_variants_compile() {
             }
         }
     }
-    ctx.pipelines
-        .get(&ctx.device, "rmsnorm", "main", &Defines::new())
-        .unwrap();
+    for flags in [&[][..], &["INPLACE"], &["ACC"], &["INPLACE", "ACC"]] {
+        let d = flags.iter().fold(Defines::new(), |d, f| d.flag(f));
+        ctx.pipelines
+            .get(&ctx.device, "rmsnorm", "main", &d)
+            .unwrap_or_else(|e| panic!("rmsnorm {flags:?}: {e}"));
+    }
     ctx.pipelines
         .get(&ctx.device, "rope", "main", &Defines::new())
         .unwrap();
@@ -66,9 +72,14 @@ fn all_shader_variants_compile() {
                 if f16 {
                     d = d.flag("KV_F16");
                 }
-                ctx.pipelines
-                    .get(&ctx.device, "attention", "main", &d)
-                    .unwrap_or_else(|e| panic!("attention dpt={dpt} vec4={vec4} f16={f16}: {e}"));
+                for flags in [&[][..], &["SOFTCAP"], &["SWA"], &["SOFTCAP", "SWA"]] {
+                    let d = flags.iter().fold(d.clone(), |d, f| d.flag(f));
+                    ctx.pipelines
+                        .get(&ctx.device, "attention", "main", &d)
+                        .unwrap_or_else(|e| {
+                            panic!("attention dpt={dpt} vec4={vec4} f16={f16} {flags:?}: {e}")
+                        });
+                }
                 ctx.pipelines
                     .get(&ctx.device, "attention", "merge", &d.clone().flag("MERGE"))
                     .unwrap_or_else(|e| panic!("merge dpt={dpt} vec4={vec4} f16={f16}: {e}"));

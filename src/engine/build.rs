@@ -88,14 +88,28 @@ impl Engine {
                 None
             };
             let mats = if plan.placement.resident_layers[l] {
-                let mut m = Vec::with_capacity(7);
+                let mut m = Vec::with_capacity(lw.files.len());
                 for (t, lay) in lw.files.iter().zip(&lw.layouts) {
                     load_bytes += t.n_bytes;
                     m.push(lay.upload(&ctx, &t.name, &read(t)?)?);
                 }
                 // Keep the queued writes (host copies) to one layer at a time.
                 ctx.flush()?;
-                Some(Mats::from_vec(m)?)
+                Some(Mats::new(lw.roles.clone(), m)?)
+            } else {
+                None
+            };
+            let names = crate::model::config::LayerNames::new(l);
+            let qk_norm = if cfg.qk_norm {
+                Some([vector(&names.attn_q_norm)?, vector(&names.attn_k_norm)?])
+            } else {
+                None
+            };
+            let post_norms = if cfg.post_norms {
+                Some([
+                    vector(&names.post_attention_norm)?,
+                    vector(&names.post_ffw_norm)?,
+                ])
             } else {
                 None
             };
@@ -111,23 +125,50 @@ impl Engine {
                 attn_norm: vector(&n("attn_norm.weight"))?,
                 ffn_norm: vector(&n("ffn_norm.weight"))?,
                 bias,
+                qk_norm,
+                post_norms,
+                local: cfg.is_swa(l),
                 home: ctx.storage(&n("kv home"), kv.home_pages as u64 * kv.page_bytes)?,
                 meta,
                 mats,
             });
         }
         let streamed = plan.streamed_layers();
-        let mut slots = Vec::new();
-        if let Some(&first) = streamed.first() {
-            let lw = &plan.layers[first];
+        // Layer slots, each sized for any layer; every streamed layer sees its slot through its
+        // own layout (its weight types may differ from the other layers').
+        let mut slot_bufs = Vec::new();
+        if !streamed.is_empty() {
             for s in 0..plan.placement.slots {
-                let mut m = Vec::with_capacity(7);
-                for (t, lay) in lw.files.iter().zip(&lw.layouts) {
-                    m.push(lay.alloc(&ctx, &format!("slot{s}.{}", t.name), in_place)?);
+                let mut mats = Vec::with_capacity(plan.slot_parts.len());
+                for (m, parts) in plan.slot_parts.iter().enumerate() {
+                    let mut bufs = Vec::with_capacity(parts.len());
+                    for (i, &b) in parts.iter().enumerate() {
+                        let name = format!("slot{s}.m{m}[{i}]");
+                        let buf = if in_place {
+                            ctx.mappable_storage(&name, b)?
+                        } else {
+                            ctx.storage(&name, b)?
+                        };
+                        bufs.push(Arc::new(buf));
+                    }
+                    mats.push(bufs);
                 }
-                slots.push(Mats::from_vec(m)?);
+                slot_bufs.push(mats);
             }
         }
+        let mut stream_mats = Vec::with_capacity(streamed.len());
+        for (si, &l) in streamed.iter().enumerate() {
+            let lw = &plan.layers[l];
+            let bufs = slot_bufs
+                .get(si % slot_bufs.len().max(1))
+                .ok_or_else(|| EngineError::MissingTensor("a layer slot".into()))?;
+            let mut m = Vec::with_capacity(lw.files.len());
+            for ((t, lay), b) in lw.files.iter().zip(&lw.layouts).zip(bufs) {
+                m.push(lay.view(&t.name, b)?);
+            }
+            stream_mats.push(Mats::new(lw.roles.clone(), m)?);
+        }
+        let n_slots = slot_bufs.len();
         let ring = if plan.placement.streaming || kv.streams {
             Some(StagingRing::new(&ctx, plan.ring_slots, plan.ring_chunk)?)
         } else {
@@ -139,6 +180,11 @@ impl Engine {
             step: ctx.uniform("step", s.step)?,
             rows: ctx.alloc_as("rows", s.rows, st)?,
             rope_cs: ctx.alloc_as("rope_cs", s.rope_cs, st)?,
+            rope_cs_swa: if s.rope_cs_swa > 0 {
+                Some(ctx.alloc_as("rope_cs local", s.rope_cs_swa, st)?)
+            } else {
+                None
+            },
             x: ctx.alloc_as("x", s.x, st)?,
             xn: ctx.alloc_as("xn", s.x, st)?,
             q: ctx.alloc_as("q", s.q, st)?,
@@ -200,6 +246,9 @@ impl Engine {
             table_base: l as u32 * kv.layer_words,
             seq_stride: kv.seq_stride,
             round_splits: kv.round_splits,
+            scale: cfg.attn_scale,
+            softcap: cfg.attn_softcap.unwrap_or(0.0),
+            window: cfg.window_of(l).unwrap_or(0),
         };
         let mut decode_lists = Vec::with_capacity(cfg.n_layers);
         let mut prefill_lists = Vec::with_capacity(cfg.n_layers);
@@ -208,7 +257,9 @@ impl Engine {
                 Some(m) => m,
                 None => {
                     let si = streamed.iter().position(|&x| x == l).unwrap_or(0);
-                    &slots[si % slots.len().max(1)]
+                    stream_mats
+                        .get(si)
+                        .ok_or_else(|| EngineError::MissingTensor("a streamed layer".into()))?
                 }
             };
             for (tt, out) in [
@@ -299,6 +350,7 @@ impl Engine {
                         buffer: &slots_h[c % 2],
                         first_row: r0,
                         rows: n,
+                        buf_row: 0,
                     };
                     out.push(kernels::matmul_part(
                         &ctx,
@@ -370,7 +422,8 @@ impl Engine {
             gguf,
             embd,
             layers: layer_objs,
-            slots,
+            stream_mats,
+            n_slots,
             head,
             head_norm,
             head_norm_rows,

@@ -2,53 +2,56 @@
 //! pass.
 //!
 //! A layer's work is cut where the host may have to act between dispatches:
-//! - `pre`: RMSNorm, the Q/K/V products (+ biases), RoPE of Q and K, the store of the batch's K
-//!   and V into home pages, and (page selection) the summaries of pages that filled up;
+//! - `pre`: RMSNorm, the Q/K/V products (+ biases; fused QKV: one dispatch per piece of each of
+//!   Q, K and V), per-head Q/K norms, RoPE of Q and K (the local table on sliding-window layers),
+//!   the store of the batch's K and V into home pages, and (page selection) the summaries of
+//!   pages that filled up;
 //! - `score` (page selection, decode only): upper bounds of the pages' attention scores, read
 //!   back so the host can choose the pages to bring in;
 //! - `attn`: one round of split attention over the page list and the merge of its partials
 //!   (replayed once per round);
-//! - `post`: the output product added into the residual, RMSNorm, the fused gate/up SwiGLU
-//!   product and the down product added into the residual.
+//! - `post`: the output product added into the residual (with post norms: written, normed and
+//!   added by the norm), RMSNorm, the gated gate/up product (SwiGLU or GeGLU; fused gate/up: the
+//!   gate and up rows of one matrix) and the down product added into the residual likewise.
 
 use crate::gpu::{GpuBuffer, GpuContext};
-use crate::kernels::{self, Dispatch, GpuWeight, KvShape, MatmulIo};
-use crate::model::config::{ModelConfig, RopeStyle};
+use crate::kernels::{
+    self, Dispatch, Gate, GpuWeight, KvShape, MatmulIo, NormSpec, SecondWeight, WeightPart,
+};
+use crate::model::config::{FfnAct, ModelConfig, RopeStyle};
+use crate::plan::MatrixRole;
 
 use super::EngineError;
 
-/// A layer's seven matrices.
+/// A layer's matrices, in the plan's order (`plan::layer_matrices`).
 pub struct Mats {
-    pub q: GpuWeight,
-    pub k: GpuWeight,
-    pub v: GpuWeight,
-    pub o: GpuWeight,
-    pub g: GpuWeight,
-    pub u: GpuWeight,
-    pub d: GpuWeight,
+    roles: Vec<MatrixRole>,
+    w: Vec<GpuWeight>,
 }
 
 impl Mats {
-    /// From the seven matrices in `plan::MATRIX_NAMES` order.
-    pub fn from_vec(m: Vec<GpuWeight>) -> Result<Self, EngineError> {
-        let [q, k, v, o, g, u, d]: [GpuWeight; 7] = m
-            .try_into()
-            .map_err(|_| EngineError::MissingTensor("a layer matrix".into()))?;
-        Ok(Self {
-            q,
-            k,
-            v,
-            o,
-            g,
-            u,
-            d,
-        })
+    /// From the matrices of `roles`, in that order.
+    pub fn new(roles: Vec<MatrixRole>, w: Vec<GpuWeight>) -> Result<Self, EngineError> {
+        if roles.len() != w.len() {
+            return Err(EngineError::MissingTensor(format!(
+                "a layer matrix ({} of {})",
+                w.len(),
+                roles.len()
+            )));
+        }
+        Ok(Self { roles, w })
     }
 
-    pub fn all(&self) -> [&GpuWeight; 7] {
-        [
-            &self.q, &self.k, &self.v, &self.o, &self.g, &self.u, &self.d,
-        ]
+    pub fn get(&self, role: MatrixRole) -> Result<&GpuWeight, EngineError> {
+        self.roles
+            .iter()
+            .position(|&r| r == role)
+            .map(|i| &self.w[i])
+            .ok_or_else(|| EngineError::MissingTensor(format!("layer matrix {role:?}")))
+    }
+
+    pub fn all(&self) -> &[GpuWeight] {
+        &self.w
     }
 }
 
@@ -57,6 +60,12 @@ pub struct Layer {
     pub attn_norm: GpuBuffer,
     pub ffn_norm: GpuBuffer,
     pub bias: Option<[GpuBuffer; 3]>,
+    /// Per-head norms of Q and K.
+    pub qk_norm: Option<[GpuBuffer; 2]>,
+    /// Post-attention and post-FFN norms.
+    pub post_norms: Option<[GpuBuffer; 2]>,
+    /// Local (sliding-window) layer: rotates with the local RoPE table.
+    pub local: bool,
     /// Home pages of the KV cache.
     pub home: GpuBuffer,
     /// Per-page key minimum and maximum (page selection).
@@ -70,6 +79,8 @@ pub struct Buffers {
     pub step: GpuBuffer,
     pub rows: GpuBuffer,
     pub rope_cs: GpuBuffer,
+    /// The RoPE table of local layers when they rotate differently.
+    pub rope_cs_swa: Option<GpuBuffer>,
     pub x: GpuBuffer,
     pub xn: GpuBuffer,
     pub q: GpuBuffer,
@@ -130,41 +141,64 @@ pub fn build_lists(
         token_tile: tt,
         ..Default::default()
     };
-    let mut pre = vec![kernels::rmsnorm(
-        ctx,
-        &b.step,
-        &b.x,
-        &l.attn_norm,
-        &b.xn,
-        n_embd,
-        cfg.rms_eps,
-        0,
-        0,
-    )?];
-    pre.extend(kernels::matmul(
-        ctx,
-        &b.step,
-        &m.q,
-        &b.xn,
-        &b.q,
-        io(n_embd, q_dim),
-    )?);
-    pre.extend(kernels::matmul(
-        ctx,
-        &b.step,
-        &m.k,
-        &b.xn,
-        &b.k_tmp,
-        io(n_embd, kv_dim),
-    )?);
-    pre.extend(kernels::matmul(
-        ctx,
-        &b.step,
-        &m.v,
-        &b.xn,
-        &b.v_tmp,
-        io(n_embd, kv_dim),
-    )?);
+    let norm = |x: Option<&GpuBuffer>, w: &GpuBuffer, y: &GpuBuffer, n: u32, heads: u32, acc| {
+        let spec = NormSpec {
+            n,
+            heads,
+            eps: cfg.rms_eps,
+            acc,
+            ..Default::default()
+        };
+        kernels::rmsnorm_ext(ctx, &b.step, x.map(|x| &**x), w, y, &spec)
+    };
+    let mut pre = vec![norm(Some(&b.x), &l.attn_norm, &b.xn, n_embd, 1, false)?];
+    if cfg.fused_qkv {
+        // Rows [0, q) of attn_qkv are Q, then K, then V: one dispatch per piece of each.
+        let w = m.get(MatrixRole::Qkv)?;
+        let parts: Vec<(u32, u32)> = w.parts.iter().map(|p| (p.1, p.2)).collect();
+        let targets = [
+            (0, q_dim, &b.q, q_dim),
+            (q_dim, q_dim + kv_dim, &b.k_tmp, kv_dim),
+            (q_dim + kv_dim, q_dim + 2 * kv_dim, &b.v_tmp, kv_dim),
+        ];
+        for (lo, hi, y, width) in targets {
+            for (i, in_part, rows) in kernels::row_pieces(&parts, lo, hi) {
+                let part = WeightPart {
+                    ty: w.ty,
+                    cols: w.cols,
+                    row_bytes: w.row_bytes,
+                    buffer: &w.parts[i].0,
+                    first_row: w.parts[i].1 + in_part - lo,
+                    rows,
+                    buf_row: in_part,
+                };
+                pre.push(kernels::matmul_part(
+                    ctx,
+                    &b.step,
+                    &part,
+                    None,
+                    &b.xn,
+                    y,
+                    io(n_embd, width),
+                )?);
+            }
+        }
+    } else {
+        for (role, y, width) in [
+            (MatrixRole::Q, &b.q, q_dim),
+            (MatrixRole::K, &b.k_tmp, kv_dim),
+            (MatrixRole::V, &b.v_tmp, kv_dim),
+        ] {
+            pre.extend(kernels::matmul(
+                ctx,
+                &b.step,
+                m.get(role)?,
+                &b.xn,
+                y,
+                io(n_embd, width),
+            )?);
+        }
+    }
     if let Some([bq, bk, bv]) = &l.bias {
         pre.push(kernels::add_bias(
             ctx, &b.step, bq, &b.q, q_dim, q_dim, false,
@@ -176,31 +210,23 @@ pub fn build_lists(
             ctx, &b.step, bv, &b.v_tmp, kv_dim, kv_dim, false,
         )?);
     }
+    if let Some([qn, kn]) = &l.qk_norm {
+        pre.push(norm(None, qn, &b.q, hd, cfg.n_heads as u32, false)?);
+        pre.push(norm(None, kn, &b.k_tmp, hd, cfg.n_kv_heads as u32, false)?);
+    }
     let rope_dim = cfg.rope_dim as u32;
-    pre.push(kernels::rope(
-        ctx,
-        &b.step,
-        &b.rope_cs,
-        &b.q,
-        cfg.n_heads as u32,
-        hd,
-        rope_dim,
-        q_dim,
-        false,
-        neox,
-    )?);
-    pre.push(kernels::rope(
-        ctx,
-        &b.step,
-        &b.rope_cs,
-        &b.k_tmp,
-        cfg.n_kv_heads as u32,
-        hd,
-        rope_dim,
-        kv_dim,
-        false,
-        neox,
-    )?);
+    let cs = match (&b.rope_cs_swa, l.local) {
+        (Some(swa), true) => swa,
+        _ => &b.rope_cs,
+    };
+    for (y, heads, width) in [
+        (&b.q, cfg.n_heads as u32, q_dim),
+        (&b.k_tmp, cfg.n_kv_heads as u32, kv_dim),
+    ] {
+        pre.push(kernels::rope(
+            ctx, &b.step, cs, y, heads, hd, rope_dim, width, false, neox,
+        )?);
+    }
     pre.push(kernels::kv_store(
         ctx, &b.step, &b.rows, &b.k_tmp, &b.v_tmp, &l.home, shape,
     )?);
@@ -231,48 +257,91 @@ pub fn build_lists(
         )?,
         kernels::attention_merge(ctx, &b.step, &kvb.table, &b.part, &b.running, &b.att, shape)?,
     ];
-    let mut post = kernels::matmul(
-        ctx,
-        &b.step,
-        &m.o,
+    // A residual add: fused into the product, or (post norms) through the norm.
+    let residual = |post: &mut Vec<Dispatch>,
+                    w: &GpuWeight,
+                    x: &GpuBuffer,
+                    xs: u32,
+                    pn: Option<&GpuBuffer>|
+     -> Result<(), EngineError> {
+        match pn {
+            None => post.extend(kernels::matmul(
+                ctx,
+                &b.step,
+                w,
+                x,
+                &b.x,
+                MatmulIo {
+                    accumulate: true,
+                    ..io(xs, n_embd)
+                },
+            )?),
+            Some(pn) => {
+                post.extend(kernels::matmul(ctx, &b.step, w, x, &b.xn, io(xs, n_embd))?);
+                post.push(norm(Some(&b.xn), pn, &b.x, n_embd, 1, true)?);
+            }
+        }
+        Ok(())
+    };
+    let (post_attn, post_ffw) = match &l.post_norms {
+        Some([a, f]) => (Some(a), Some(f)),
+        None => (None, None),
+    };
+    let mut post = Vec::new();
+    residual(
+        &mut post,
+        m.get(MatrixRole::Output)?,
         &b.att,
-        &b.x,
-        MatmulIo {
-            accumulate: true,
-            ..io(q_dim, n_embd)
-        },
+        q_dim,
+        post_attn,
     )?;
-    post.push(kernels::rmsnorm(
-        ctx,
-        &b.step,
-        &b.x,
-        &l.ffn_norm,
-        &b.xn,
-        n_embd,
-        cfg.rms_eps,
-        0,
-        0,
-    )?);
-    post.extend(kernels::matmul_swiglu(
-        ctx,
-        &b.step,
-        &m.g,
-        &m.u,
-        &b.xn,
-        &b.h,
-        io(n_embd, n_ff),
-    )?);
-    post.extend(kernels::matmul(
-        ctx,
-        &b.step,
-        &m.d,
-        &b.h,
-        &b.x,
-        MatmulIo {
-            accumulate: true,
-            ..io(n_ff, n_embd)
-        },
-    )?);
+    post.push(norm(Some(&b.x), &l.ffn_norm, &b.xn, n_embd, 1, false)?);
+    let act = match cfg.ffn_act {
+        FfnAct::Silu => Gate::Silu,
+        FfnAct::GeluTanh => Gate::GeluTanh,
+    };
+    if cfg.fused_gate_up {
+        // Gate rows [0, n_ff) and up rows [n_ff, 2 n_ff) of one matrix.
+        let w = m.get(MatrixRole::GateUp)?;
+        let parts: Vec<(u32, u32)> = w.parts.iter().map(|p| (p.1, p.2)).collect();
+        for pc in kernels::paired_pieces(&parts, n_ff) {
+            let part = WeightPart {
+                ty: w.ty,
+                cols: w.cols,
+                row_bytes: w.row_bytes,
+                buffer: &w.parts[pc.gate.0].0,
+                first_row: pc.out_row,
+                rows: pc.rows,
+                buf_row: pc.gate.1,
+            };
+            let second = SecondWeight {
+                buffer: &w.parts[pc.up.0].0,
+                buf_row: pc.up.1,
+                act,
+            };
+            post.push(kernels::matmul_part(
+                ctx,
+                &b.step,
+                &part,
+                Some(second),
+                &b.xn,
+                &b.h,
+                io(n_embd, n_ff),
+            )?);
+        }
+    } else {
+        post.extend(kernels::matmul_gated(
+            ctx,
+            &b.step,
+            m.get(MatrixRole::Gate)?,
+            m.get(MatrixRole::Up)?,
+            &b.xn,
+            &b.h,
+            io(n_embd, n_ff),
+            act,
+        )?);
+    }
+    residual(&mut post, m.get(MatrixRole::Down)?, &b.h, n_ff, post_ffw)?;
     Ok(Lists {
         pre,
         score,

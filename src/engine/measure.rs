@@ -63,12 +63,12 @@ impl Engine {
         for l in &self.layers {
             if let Some(m) = &l.mats {
                 for w in m.all() {
-                    parts.extend(w.parts.iter().map(|p| &p.0));
+                    parts.extend(w.parts.iter().map(|p| &*p.0));
                 }
             }
         }
         if let Head::Resident { w, .. } = &self.head {
-            parts.extend(w.parts.iter().map(|p| &p.0));
+            parts.extend(w.parts.iter().map(|p| &*p.0));
         }
         let max = parts.iter().map(|b| b.size).max().unwrap_or(16);
         let scratch = self.ctx.storage("copy scratch", max)?;

@@ -18,6 +18,7 @@
 //! Prefill batches use matrix-matrix kernels (several tokens per weight read); decode uses T = 1.
 
 mod build;
+mod head;
 mod kvio;
 mod layers;
 mod measure;
@@ -166,6 +167,9 @@ pub struct EngineOptions {
     pub kv_dir: Option<PathBuf>,
     /// Rows of logits a pass can return (for scoring every position of a batch).
     pub logit_rows: usize,
+    /// Bytes per storage binding at most, below the device's limit (splits weights into more
+    /// parts; for tests of the split paths).
+    pub max_binding: Option<u64>,
     /// Time every kernel with GPU timestamp queries (`--profile`).
     pub profile: bool,
     /// How streamed weights reach their slots.
@@ -219,6 +223,7 @@ impl Default for EngineOptions {
             logit_rows: 1,
             profile: false,
             upload: UploadMode::Auto,
+            max_binding: None,
         }
     }
 }
@@ -241,6 +246,7 @@ impl EngineOptions {
             logit_rows: self.logit_rows,
             extra_bytes: 0,
             in_place: false,
+            max_binding: self.max_binding,
         }
     }
 }
@@ -280,7 +286,10 @@ pub struct Engine {
     gguf: Arc<GgufFile>,
     embd: TensorInfo,
     layers: Vec<layers::Layer>,
-    slots: Vec<layers::Mats>,
+    /// Each streamed layer's matrices, seen in its layer slot.
+    stream_mats: Vec<layers::Mats>,
+    /// Layer slots streamed layers compute from.
+    n_slots: usize,
     head: Head,
     head_norm: Dispatch,
     head_norm_rows: Option<Dispatch>,

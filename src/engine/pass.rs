@@ -8,7 +8,7 @@ use crate::kv::pages::{PageList, Round, STREAM_BIT};
 
 use super::trace::{TID_HOST, TID_IO};
 use super::upload::{JobResult, OwnedReq};
-use super::{Engine, EngineError, Head};
+use super::{Engine, EngineError};
 use crate::gguf::quant;
 
 fn f32_bytes(v: &[f32]) -> &[u8] {
@@ -43,7 +43,6 @@ impl Engine {
     /// Queue streamed layer `si` (index into `streamed`) into slot `si % slots`.
     pub(super) fn queue_weights(&mut self, si: usize) {
         let l = self.streamed[si];
-        let slot = si % self.slots.len();
         // Ask for the streamed layer after this one ahead of its read.
         if let Some(&after) = self.streamed.get((si + 1) % self.streamed.len()) {
             for t in &self.plan.layers[after].files {
@@ -52,7 +51,11 @@ impl Engine {
         }
         let mut reqs = Vec::new();
         let mut hints = Vec::new();
-        for (t, w) in self.plan.layers[l].files.iter().zip(self.slots[slot].all()) {
+        for (t, w) in self.plan.layers[l]
+            .files
+            .iter()
+            .zip(self.stream_mats[si].all())
+        {
             for (buf, r0, n) in &w.parts {
                 reqs.push(OwnedReq {
                     src_offset: t.offset + *r0 as u64 * w.row_bytes as u64,
@@ -71,7 +74,7 @@ impl Engine {
     }
 
     /// Wait for a job and account for it.
-    fn finish_job(
+    pub(super) fn finish_job(
         &mut self,
         ticket: Ticket<JobResult>,
         name: impl Into<String>,
@@ -89,7 +92,7 @@ impl Engine {
         Ok(())
     }
 
-    fn submit(&mut self, enc: wgpu::CommandEncoder, name: String) {
+    pub(super) fn submit(&mut self, enc: wgpu::CommandEncoder, name: String) {
         self.ctx.queue.submit([enc.finish()]);
         self.tracer.gpu_submitted(&self.ctx.queue, name);
     }
@@ -170,6 +173,9 @@ impl Engine {
             quant::dequantize(self.embd.ty, &row, &mut x[i * n_embd..(i + 1) * n_embd]);
             self.io.embd_bytes += row_bytes as u64;
         }
+        if let Some(s) = self.cfg.embd_scale {
+            x.iter_mut().for_each(|v| *v *= s);
+        }
         let positions: Vec<u32> = (a..b).map(|p| p as u32).collect();
         let mut rows = Vec::with_capacity(4 * t);
         for &p in &positions {
@@ -185,8 +191,16 @@ impl Engine {
         self.ctx.write(&self.bufs.x, 0, f32_bytes(&x));
         self.ctx
             .write(&self.bufs.rows, 0, bytemuck::cast_slice(&rows));
-        let cs = kernels::rope_table_at(&positions, self.cfg.rope_dim as u32, self.cfg.rope_base);
-        self.ctx.write(&self.bufs.rope_cs, 0, f32_bytes(&cs));
+        let table = |r: &crate::model::rope::RopeConfig| {
+            let freqs = r.freqs(self.cfg.rope_dim, self.max_ctx);
+            kernels::rope_table_freqs(&positions, &freqs, r.attn_factor)
+        };
+        self.ctx
+            .write(&self.bufs.rope_cs, 0, f32_bytes(&table(&self.cfg.rope)));
+        if let Some(buf) = &self.bufs.rope_cs_swa {
+            self.ctx
+                .write(buf, 0, f32_bytes(&table(&self.cfg.rope_swa)));
+        }
         let top = self.map.page_of(b - 1);
         let filled = self.map.filled(a, b);
         if let Some(jobs) = &self.kvb.jobs {
@@ -205,7 +219,7 @@ impl Engine {
         self.tracer.span("embed", "host", TID_HOST, th);
 
         let n_s = self.streamed.len();
-        let window = self.slots.len().min(n_s);
+        let window = self.n_slots.min(n_s);
         while self.prefetched < window {
             let k = self.prefetched;
             self.queue_weights(k);
@@ -214,21 +228,37 @@ impl Engine {
         self.prefetched = 0;
         let decode = t == 1;
         let exact = plan_rounds(&self.map, PageList::exact(&self.map, b - 1));
+        // Local layers attend only the pages some row's window reaches.
+        let first_local = self
+            .cfg
+            .swa_window
+            .map_or(0, |w| (a + 1).saturating_sub(w as usize));
+        let exact_local = plan_rounds(
+            &self.map,
+            PageList::exact_from(&self.map, first_local, b - 1),
+        );
+        let local_page = self.map.page_of(first_local);
         let per_layer = self.placement.streaming
             || self.plan.kv.streams
             || exact.len() > 1
+            || exact_local.len() > 1
             || (decode && self.plan.kv.select.is_some());
+        let local: Vec<bool> = (0..self.layers.len()).map(|l| self.cfg.is_swa(l)).collect();
+        let exact_of = |l: usize| {
+            if local[l] { &exact_local } else { &exact }
+        };
         let mut enc = self.ctx.device.create_command_encoder(&Default::default());
         // KV pages of the first layer's first round.
         let mut next_kv: Option<Ticket<JobResult>> = None;
         if !self.plan.kv.selects_layer(0) || !decode {
-            if !exact[0].loads.is_empty() {
-                next_kv = Some(self.queue_kv(Priority::HotKv, 0, &exact[0].loads));
+            let first = &exact_of(0)[0];
+            if !first.loads.is_empty() {
+                next_kv = Some(self.queue_kv(Priority::HotKv, 0, &first.loads));
             }
         } else {
             self.prefetch_selection(0, top);
         }
-        for l in 0..self.layers.len() {
+        for (l, &is_local) in local.iter().enumerate() {
             if self.layers[l].mats.is_none() {
                 let si = self.streamed.iter().position(|&x| x == l).unwrap_or(0);
                 if let Some(tk) = self.weight_tickets[si].take() {
@@ -245,11 +275,12 @@ impl Engine {
                 kernels::record_all_with(&mut enc, &lists.pre, t as u32, self.profiler.as_mut());
             }
             let work = if select {
-                let w = self.select_pages(l, enc, top, b - 1)?;
+                let lo = if is_local { local_page } else { 0 };
+                let w = self.select_pages(l, enc, top, b - 1, lo)?;
                 enc = self.ctx.device.create_command_encoder(&Default::default());
                 w
             } else {
-                exact.clone()
+                exact_of(l).clone()
             };
             let n_rounds = work.len();
             let mut tickets: Vec<Option<Ticket<JobResult>>> = (0..n_rounds).map(|_| None).collect();
@@ -308,16 +339,17 @@ impl Engine {
             // Queue what the next layers need behind this layer's compute.
             if self.layers[l].mats.is_none() {
                 let si = self.streamed.iter().position(|&x| x == l).unwrap_or(0);
-                let next = si + self.slots.len();
+                let next = si + self.n_slots;
                 if next < n_s {
                     self.queue_weights(next);
                 }
             }
             if l + 1 < self.layers.len() && next_kv.is_none() {
+                let next = &exact_of(l + 1)[0];
                 if decode && self.plan.kv.selects_layer(l + 1) {
                     self.prefetch_selection(l + 1, top);
-                } else if !exact[0].loads.is_empty() {
-                    next_kv = Some(self.queue_kv(Priority::HotKv, l + 1, &exact[0].loads));
+                } else if !next.loads.is_empty() {
+                    next_kv = Some(self.queue_kv(Priority::HotKv, l + 1, &next.loads));
                 }
             }
         }
@@ -345,19 +377,21 @@ impl Engine {
     }
 
     /// Page selection for layer `l` at decode: score the pages (submitting `enc`, which holds
-    /// the layer's pre-attention work), read the scores back, keep the best pages.
+    /// the layer's pre-attention work), read the scores back, keep the best pages. Pages below
+    /// `lo` (outside a sliding window) do not compete.
     fn select_pages(
         &mut self,
         l: usize,
         mut enc: wgpu::CommandEncoder,
         top: u32,
         last_pos: usize,
+        lo: u32,
     ) -> Result<Vec<RoundWork>, EngineError> {
         let n_full = top;
         // Page 0 and the recent window are always attended; the rest compete.
         let win = self.plan.kv.select_window;
         let always = |p: u32| p == 0 || p + win > top;
-        let candidates: Vec<u32> = (0..n_full).filter(|&p| !always(p)).collect();
+        let candidates: Vec<u32> = (lo..n_full).filter(|&p| !always(p)).collect();
         let sel = self.plan.kv.select.unwrap_or(crate::plan::KvSelect {
             spec: crate::plan::SelectSpec::Pages(u32::MAX),
             dense_layers: 0,
@@ -432,161 +466,6 @@ impl Engine {
         pages.dedup();
         let list = PageList::of_pages(&self.map, pages, last_pos);
         Ok(plan_rounds(&self.map, list))
-    }
-
-    /// The output head over the rows in `want`.
-    fn head_pass(
-        &mut self,
-        t: usize,
-        want: &[usize],
-        on_logits: &mut dyn FnMut(usize, &[f32]),
-    ) -> Result<(), EngineError> {
-        if want.is_empty() {
-            self.ctx.wait()?;
-            return Ok(());
-        }
-        let vocab = self.cfg.vocab_size;
-        let row = (self.cfg.n_embd * 4) as u64;
-        let group = if want.len() == 1 {
-            1
-        } else {
-            self.plan.logit_rows
-        };
-        for rows in want.chunks(group) {
-            let multi = group > 1;
-            let mut enc = self.ctx.device.create_command_encoder(&Default::default());
-            for (j, &r) in rows.iter().enumerate() {
-                debug_assert!(r < t);
-                enc.copy_buffer_to_buffer(
-                    &self.bufs.x,
-                    r as u64 * row,
-                    &self.bufs.last,
-                    j as u64 * row,
-                    row,
-                );
-            }
-            let norm = if multi {
-                self.head_norm_rows.as_ref().unwrap_or(&self.head_norm)
-            } else {
-                &self.head_norm
-            };
-            kernels::record_all_with(
-                &mut enc,
-                std::slice::from_ref(norm),
-                1,
-                self.profiler.as_mut(),
-            );
-            let streamed = matches!(self.head, Head::Streamed { .. });
-            if let Head::Resident {
-                plan, rows_plan, ..
-            } = &self.head
-            {
-                let p = if multi { rows_plan } else { plan };
-                kernels::record_all_with(&mut enc, p, 1, self.profiler.as_mut());
-            }
-            self.submit(enc, "output norm".into());
-            if streamed {
-                self.stream_head(multi)?;
-            }
-            let n = if multi { group } else { 1 };
-            let mut enc = self.ctx.device.create_command_encoder(&Default::default());
-            enc.copy_buffer_to_buffer(
-                &self.bufs.logits,
-                0,
-                &self.bufs.readback,
-                0,
-                (n * vocab * 4) as u64,
-            );
-            self.ctx.queue.submit([enc.finish()]);
-            let th = self.tracer.now();
-            let bytes = self
-                .ctx
-                .read_mapped(&self.bufs.readback, (n * vocab * 4) as u64)?;
-            self.tracer.span("wait for logits", "wait", TID_HOST, th);
-            let logits: Vec<f32> = bytemuck::pod_collect_to_vec(&bytes);
-            for (j, &r) in rows.iter().enumerate() {
-                on_logits(r, &logits[j * vocab..(j + 1) * vocab]);
-            }
-        }
-        self.tracer.collect_gpu();
-        Ok(())
-    }
-
-    /// Output head in row chunks through two slots: chunk c + 2 is read while c computes.
-    fn stream_head(&mut self, multi: bool) -> Result<(), EngineError> {
-        let Head::Streamed {
-            slots,
-            plan,
-            rows_plan,
-        } = &self.head
-        else {
-            return Ok(());
-        };
-        let hp = &self.plan.head;
-        let rb = hp.layout.row_bytes as u64;
-        let rows = hp.layout.rows as u64;
-        let n_chunks = hp.n_chunks as usize;
-        let chunk_rows = hp.chunk_rows as u64;
-        let info_off = hp.info.offset;
-        let job = |c: usize| {
-            let r0 = c as u64 * chunk_rows;
-            let n = chunk_rows.min(rows - r0);
-            vec![OwnedReq {
-                src_offset: info_off + r0 * rb,
-                len: n * rb,
-                dst: slots[c % 2].buffer.clone(),
-                dst_offset: 0,
-            }]
-        };
-        let dispatches: Vec<&kernels::Dispatch> = if multi {
-            rows_plan.iter().collect()
-        } else {
-            plan.iter().collect()
-        };
-        let mut tickets: std::collections::VecDeque<Ticket<JobResult>> = Default::default();
-        let in_place = self.in_place;
-        let queue = |io: &super::upload::Uploader, reqs| {
-            if in_place {
-                io.weights_in_place(reqs, Vec::new())
-            } else {
-                io.weights(reqs, Vec::new())
-            }
-        };
-        for c in 0..n_chunks.min(2) {
-            tickets.push_back(queue(&self.io_, job(c)));
-        }
-        let mut encs = Vec::with_capacity(n_chunks);
-        for d in &dispatches {
-            let mut enc = self.ctx.device.create_command_encoder(&Default::default());
-            kernels::record_all_with(
-                &mut enc,
-                std::slice::from_ref(*d),
-                1,
-                self.profiler.as_mut(),
-            );
-            encs.push(enc);
-        }
-        for (c, enc) in encs.into_iter().enumerate() {
-            if let Some(tk) = tickets.pop_front() {
-                self.finish_job(tk, format!("read+upload output head chunk {c}"))?;
-            }
-            self.submit(enc, format!("output head chunk {c}"));
-            if c + 2 < n_chunks {
-                let Head::Streamed { slots, .. } = &self.head else {
-                    break;
-                };
-                let r0 = (c + 2) as u64 * chunk_rows;
-                let n = chunk_rows.min(rows - r0);
-                let req = vec![OwnedReq {
-                    src_offset: info_off + r0 * rb,
-                    len: n * rb,
-                    dst: slots[c % 2].buffer.clone(),
-                    dst_offset: 0,
-                }];
-                tickets.push_back(queue(&self.io_, req));
-            }
-        }
-        Ok(())
     }
 
     /// Write the pages that filled up during positions `[a, b)` to the page file, every layer.

@@ -586,8 +586,13 @@ impl GpuContext {
             }
         });
         self.wait()?;
-        let res = slot.lock().ok().and_then(|mut s| s.take());
-        match res {
+        // The upload thread's poll may have taken the callback and not run it yet.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while slot.lock().is_ok_and(|s| s.is_none()) && std::time::Instant::now() < deadline {
+            let _ = self.device.poll(wgpu::PollType::Poll);
+            std::thread::yield_now();
+        }
+        match slot.lock().ok().and_then(|mut s| s.take()) {
             Some(Ok(())) => {}
             Some(Err(e)) => return Err(GpuError::MapFailed(e.to_string())),
             None => return Err(GpuError::MapFailed("map callback never ran".into())),

@@ -16,7 +16,7 @@ pub const ATTN_PARAMS_BYTES: u64 = std::mem::size_of::<AttnParams>() as u64;
 pub const KV_PARAMS_BYTES: u64 = std::mem::size_of::<KvParams>() as u64;
 
 /// Shapes shared by the paged-KV kernels of one layer.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 pub struct KvShape {
     pub n_heads: u32,
     pub n_kv_heads: u32,
@@ -29,6 +29,12 @@ pub struct KvShape {
     pub seq_stride: u32,
     /// Partial results per (row, head) the attention writes in one round.
     pub round_splits: u32,
+    /// Score scale (0: 1/sqrt(head_dim)).
+    pub scale: f32,
+    /// Attention logit soft-cap (0: none).
+    pub softcap: f32,
+    /// Sliding window in positions (0: none).
+    pub window: u32,
 }
 
 impl KvShape {
@@ -75,6 +81,9 @@ struct AttnParams {
     round_splits: u32,
     o_stride: u32,
     scale: f32,
+    softcap: f32,
+    window: u32,
+    _pad: [u32; 2],
 }
 
 fn attn_params(s: &KvShape) -> AttnParams {
@@ -90,11 +99,29 @@ fn attn_params(s: &KvShape) -> AttnParams {
         seq_stride: s.seq_stride,
         round_splits: s.round_splits.max(1),
         o_stride: s.n_heads * s.head_dim,
-        scale: 1.0 / (s.head_dim as f32).sqrt(),
+        scale: if s.scale > 0.0 {
+            s.scale
+        } else {
+            1.0 / (s.head_dim as f32).sqrt()
+        },
+        softcap: s.softcap,
+        window: s.window,
+        _pad: [0; 2],
     }
 }
 
 fn attn_defines(s: &KvShape) -> Defines {
+    let mut d = merge_defines(s);
+    if s.softcap > 0.0 {
+        d = d.flag("SOFTCAP");
+    }
+    if s.window > 0 {
+        d = d.flag("SWA");
+    }
+    d
+}
+
+fn merge_defines(s: &KvShape) -> Defines {
     let dpt = s.head_dim.div_ceil(64).max(1);
     let mut d = Defines::new().val("DPT", format!("{dpt}u"));
     if s.f16 {
@@ -148,7 +175,7 @@ pub fn attention_merge(
     s: &KvShape,
 ) -> Result<Dispatch, KernelError> {
     s.check("attention merge")?;
-    let defines = attn_defines(s).flag("MERGE");
+    let defines = merge_defines(s).flag("MERGE");
     let pipeline = ctx
         .pipelines
         .get(&ctx.device, "attention", "merge", &defines)?;

@@ -15,8 +15,10 @@ use crate::gpu::{Defines, GpuBuffer, GpuContext, GpuError};
 
 mod kv;
 mod ops;
+mod weights;
 pub use kv::*;
 pub use ops::*;
+pub use weights::*;
 
 /// Rows per workgroup of the matrix kernels on GPUs (the fewest of any layout).
 pub const MM_ROWS_PER_WG: u32 = 4;
@@ -128,178 +130,6 @@ pub fn record_all(encoder: &mut wgpu::CommandEncoder, list: &[Dispatch], n_token
     }
 }
 
-/// A weight matrix on the device, stored as in the file, split into parts of whole rows so each
-/// part fits one storage binding and one dispatch grid.
-pub struct GpuWeight {
-    pub ty: GgmlType,
-    pub rows: u32,
-    pub cols: u32,
-    pub row_bytes: u32,
-    /// (buffer, first row, row count)
-    pub parts: Vec<(GpuBuffer, u32, u32)>,
-}
-
-impl GpuWeight {
-    pub fn bytes(&self) -> u64 {
-        self.rows as u64 * self.row_bytes as u64
-    }
-}
-
-/// Bytes per stored row of a `cols`-wide matrix of type `ty`.
-pub fn row_bytes(ty: GgmlType, cols: u32) -> Option<u32> {
-    let b = ty.bytes_for(cols as u64)?;
-    u32::try_from(b).ok()
-}
-
-/// How a weight matrix is laid out on the device: its row size and its parts of whole rows,
-/// each fitting one storage binding and one dispatch grid. The one place rows are split: the
-/// execution plan sizes memory with it, uploads and layer slots allocate with it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WeightLayout {
-    pub ty: GgmlType,
-    pub rows: u32,
-    pub cols: u32,
-    pub row_bytes: u32,
-    /// (first row, rows) of each part.
-    pub parts: Vec<(u32, u32)>,
-}
-
-impl WeightLayout {
-    /// Split `rows` x `cols` of type `ty` under a binding limit of `max_binding` bytes.
-    pub fn new(
-        label: &str,
-        ty: GgmlType,
-        rows: u32,
-        cols: u32,
-        max_binding: u64,
-    ) -> Result<Self, KernelError> {
-        let shape = |problem: String| KernelError::Shape {
-            kernel: "weights",
-            problem,
-        };
-        let rb =
-            row_bytes(ty, cols).ok_or_else(|| shape(format!("{label}: row size overflows")))?;
-        if !u64::from(cols).is_multiple_of(ty.block_len()) {
-            return Err(shape(format!(
-                "{label}: {cols} columns is not a multiple of the {ty} block length {}",
-                ty.block_len()
-            )));
-        }
-        let max_bind = max_binding.min(u32::MAX as u64);
-        if (rb as u64) + 16 > max_bind {
-            return Err(shape(format!(
-                "{label}: one row of {rb} bytes exceeds the binding limit {max_bind}"
-            )));
-        }
-        // Keep a little slack for the 2-byte over-reads of unaligned block formats.
-        let rows_fit = ((max_bind.saturating_sub(16)) / rb.max(1) as u64).max(1);
-        let rows_per_part = rows_fit.min((MAX_WORKGROUPS * MM_ROWS_PER_WG) as u64) as u32;
-        let mut parts = Vec::new();
-        let mut r0 = 0u32;
-        while r0 < rows {
-            let n = rows_per_part.min(rows - r0);
-            parts.push((r0, n));
-            r0 += n;
-        }
-        Ok(Self {
-            ty,
-            rows,
-            cols,
-            row_bytes: rb,
-            parts,
-        })
-    }
-
-    /// Bytes of part `i` as allocated (16-byte rounded, as the allocator rounds).
-    pub fn part_bytes(&self, i: usize) -> u64 {
-        let n = self.parts.get(i).map(|p| p.1).unwrap_or(0) as u64;
-        round16(n * self.row_bytes as u64)
-    }
-
-    /// Device bytes of all parts.
-    pub fn device_bytes(&self) -> u64 {
-        (0..self.parts.len()).map(|i| self.part_bytes(i)).sum()
-    }
-
-    /// Empty device buffers for the parts (a layer slot filled by uploads); `mappable`: the
-    /// host can map them to write in place.
-    pub fn alloc(
-        &self,
-        ctx: &GpuContext,
-        label: &str,
-        mappable: bool,
-    ) -> Result<GpuWeight, KernelError> {
-        let mut parts = Vec::with_capacity(self.parts.len());
-        for (i, &(r0, n)) in self.parts.iter().enumerate() {
-            let name = format!("{label}[{r0}..]");
-            let buf = if mappable {
-                ctx.mappable_storage(&name, self.part_bytes(i))?
-            } else {
-                ctx.storage(&name, self.part_bytes(i))?
-            };
-            parts.push((buf, r0, n));
-        }
-        Ok(self.with_parts(parts))
-    }
-
-    /// Device buffers holding `data` (the stored bytes of all rows).
-    pub fn upload(
-        &self,
-        ctx: &GpuContext,
-        label: &str,
-        data: &[u8],
-    ) -> Result<GpuWeight, KernelError> {
-        let rb = self.row_bytes as usize;
-        if data.len() as u64 != self.rows as u64 * rb as u64 {
-            return Err(KernelError::Shape {
-                kernel: "upload_weight",
-                problem: format!(
-                    "{label}: {} bytes given, {} expected",
-                    data.len(),
-                    self.rows as u64 * rb as u64
-                ),
-            });
-        }
-        let mut parts = Vec::with_capacity(self.parts.len());
-        for &(r0, n) in &self.parts {
-            let a = r0 as usize * rb;
-            let b = a + n as usize * rb;
-            parts.push((
-                ctx.storage_with(&format!("{label}[{r0}..]"), &data[a..b])?,
-                r0,
-                n,
-            ));
-        }
-        Ok(self.with_parts(parts))
-    }
-
-    fn with_parts(&self, parts: Vec<(GpuBuffer, u32, u32)>) -> GpuWeight {
-        GpuWeight {
-            ty: self.ty,
-            rows: self.rows,
-            cols: self.cols,
-            row_bytes: self.row_bytes,
-            parts,
-        }
-    }
-}
-
-fn round16(n: u64) -> u64 {
-    n.max(16).div_ceil(16) * 16
-}
-
-/// Upload a weight matrix (`rows` x `cols`, stored bytes `data`) as one or more parts.
-pub fn upload_weight(
-    ctx: &GpuContext,
-    label: &str,
-    ty: GgmlType,
-    rows: u32,
-    cols: u32,
-    data: &[u8],
-) -> Result<GpuWeight, KernelError> {
-    WeightLayout::new(label, ty, rows, cols, ctx.max_binding())?.upload(ctx, label, data)
-}
-
 fn type_flag(ty: GgmlType) -> &'static str {
     match ty {
         GgmlType::F32 => "F32",
@@ -352,14 +182,32 @@ fn make_dispatch(
     grid: [u32; 3],
     axis: TokenAxis,
 ) -> Dispatch {
+    let at: Vec<(u32, &wgpu::Buffer)> = buffers
+        .iter()
+        .enumerate()
+        .map(|(i, b)| (i as u32 + 1, *b))
+        .collect();
+    make_dispatch_at(ctx, label, pipeline, params, &at, grid, axis)
+}
+
+/// As `make_dispatch`, with each buffer's binding number given.
+fn make_dispatch_at(
+    ctx: &GpuContext,
+    label: &'static str,
+    pipeline: Arc<wgpu::ComputePipeline>,
+    params: GpuBuffer,
+    buffers: &[(u32, &wgpu::Buffer)],
+    grid: [u32; 3],
+    axis: TokenAxis,
+) -> Dispatch {
     let layout = pipeline.get_bind_group_layout(0);
     let mut entries = vec![wgpu::BindGroupEntry {
         binding: 0,
         resource: params.as_entire_binding(),
     }];
-    for (i, b) in buffers.iter().enumerate() {
+    for (binding, b) in buffers {
         entries.push(wgpu::BindGroupEntry {
-            binding: i as u32 + 1,
+            binding: *binding,
             resource: b.as_entire_binding(),
         });
     }
@@ -391,7 +239,9 @@ struct MatmulParams {
     y_at_pos: u32,
     x_offset: u32,
     n_tokens: u32,
-    _pad: [u32; 3],
+    w_row0: u32,
+    w2_row0: u32,
+    _pad: u32,
 }
 
 /// Where a matrix product reads and writes.
@@ -435,6 +285,21 @@ pub fn matmul_swiglu(
     y: &wgpu::Buffer,
     io: MatmulIo,
 ) -> Result<Vec<Dispatch>, KernelError> {
+    matmul_gated(ctx, step, wg, wu, x, y, io, Gate::Silu)
+}
+
+/// Y = act(Wg X) * (Wu X) for a gated FFN with activation `act`.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_gated(
+    ctx: &GpuContext,
+    step: &wgpu::Buffer,
+    wg: &GpuWeight,
+    wu: &GpuWeight,
+    x: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+    io: MatmulIo,
+    act: Gate,
+) -> Result<Vec<Dispatch>, KernelError> {
     if wg.ty != wu.ty
         || wg.rows != wu.rows
         || wg.cols != wu.cols
@@ -445,14 +310,22 @@ pub fn matmul_swiglu(
             problem: "gate and up weights differ in type or shape".into(),
         });
     }
-    matmul_impl(ctx, step, wg, Some(wu), x, y, io)
+    matmul_impl(ctx, step, wg, Some((wu, act)), x, y, io)
+}
+
+/// The activation of a gated product: `act(W X) * (W2 X)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gate {
+    Silu,
+    /// GELU, tanh approximation.
+    GeluTanh,
 }
 
 fn matmul_impl(
     ctx: &GpuContext,
     step: &wgpu::Buffer,
     w: &GpuWeight,
-    w2: Option<&GpuWeight>,
+    w2: Option<(&GpuWeight, Gate)>,
     x: &wgpu::Buffer,
     y: &wgpu::Buffer,
     io: MatmulIo,
@@ -466,14 +339,29 @@ fn matmul_impl(
             buffer: buf,
             first_row: *r0,
             rows: *n,
+            buf_row: 0,
         };
-        let second = w2.map(|w2| &*w2.parts[i].0);
+        let second = w2.map(|(w2, act)| SecondWeight {
+            buffer: &w2.parts[i].0,
+            buf_row: 0,
+            act,
+        });
         out.push(matmul_part(ctx, step, &part, second, x, y, io)?);
     }
     Ok(out)
 }
 
-/// Rows [first_row, first_row + rows) of a weight matrix held in one buffer.
+/// The second weight of a gated product: its buffer, the row in it that matches the first
+/// weight's first row, and the activation.
+#[derive(Clone, Copy)]
+pub struct SecondWeight<'a> {
+    pub buffer: &'a wgpu::Buffer,
+    pub buf_row: u32,
+    pub act: Gate,
+}
+
+/// `rows` rows of a weight matrix held in one buffer, starting at row `buf_row` of the buffer;
+/// they land at rows [first_row, first_row + rows) of Y.
 #[derive(Clone, Copy)]
 pub struct WeightPart<'a> {
     pub ty: GgmlType,
@@ -482,15 +370,16 @@ pub struct WeightPart<'a> {
     pub buffer: &'a wgpu::Buffer,
     pub first_row: u32,
     pub rows: u32,
+    pub buf_row: u32,
 }
 
 /// One dispatch of Y (+)= W X over a part of W (rows land at `first_row` of Y); with `w2`, the
-/// fused SwiGLU form over the matching part of the up projection.
+/// gated form `act(W X) * (W2 X)` over the matching rows of the second weight.
 pub fn matmul_part(
     ctx: &GpuContext,
     step: &wgpu::Buffer,
     w: &WeightPart<'_>,
-    w2: Option<&wgpu::Buffer>,
+    w2: Option<SecondWeight<'_>>,
     x: &wgpu::Buffer,
     y: &wgpu::Buffer,
     io: MatmulIo,
@@ -539,8 +428,11 @@ pub fn matmul_part(
     if io.accumulate {
         defines = defines.flag("ACC");
     }
-    if w2.is_some() {
+    if let Some(w2) = &w2 {
         defines = defines.flag("SWIGLU");
+        if w2.act == Gate::GeluTanh {
+            defines = defines.flag("GELU");
+        }
     }
     let pipeline = ctx.pipelines.get(&ctx.device, "matmul", "main", &defines)?;
     let p = MatmulParams {
@@ -553,13 +445,15 @@ pub fn matmul_part(
         y_at_pos: io.y_at_pos as u32,
         x_offset: io.x_offset,
         n_tokens: io.n_tokens,
-        _pad: [0; 3],
+        w_row0: w.buf_row,
+        w2_row0: w2.map(|s| s.buf_row).unwrap_or(0),
+        _pad: 0,
     };
     let params = params_buffer(ctx, "matmul params", &p)?;
     let mut grid = [w.rows.div_ceil(layout.rows_per_wg), 1, 1];
     let mut bufs: Vec<&wgpu::Buffer> = vec![step, w.buffer, x, y];
-    if let Some(w2) = w2 {
-        bufs.push(w2);
+    if let Some(w2) = &w2 {
+        bufs.push(w2.buffer);
     }
     let axis = if io.n_tokens != 0 {
         grid[1] = io.n_tokens.div_ceil(tt);

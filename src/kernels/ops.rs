@@ -2,7 +2,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use super::{Dispatch, KernelError, TokenAxis, make_dispatch, params_buffer};
+use super::{Dispatch, KernelError, TokenAxis, make_dispatch, make_dispatch_at, params_buffer};
 use crate::gpu::{Defines, GpuContext};
 
 /// Device bytes of one RMSNorm, RoPE or bias dispatch's parameters.
@@ -36,32 +36,90 @@ pub fn rmsnorm(
     x_offset: u32,
     n_tokens: u32,
 ) -> Result<Dispatch, KernelError> {
-    let pipeline = ctx
-        .pipelines
-        .get(&ctx.device, "rmsnorm", "main", &Defines::new())?;
-    let p = NormParams {
+    let spec = NormSpec {
         n,
-        x_stride: n,
-        y_stride: n,
         eps,
         x_offset,
         n_tokens,
+        ..Default::default()
+    };
+    rmsnorm_ext(ctx, step, Some(x), w, y, &spec)
+}
+
+/// The shape of an RMSNorm dispatch.
+#[derive(Debug, Clone, Copy)]
+pub struct NormSpec {
+    /// Values normalized together (a row, or one head).
+    pub n: u32,
+    /// Groups of `n` per token (1: a row; the head count: each head on its own).
+    pub heads: u32,
+    pub eps: f32,
+    pub x_offset: u32,
+    /// Token count (0: the step's).
+    pub n_tokens: u32,
+    /// Add into Y instead of writing it.
+    pub acc: bool,
+}
+
+impl Default for NormSpec {
+    fn default() -> Self {
+        Self {
+            n: 0,
+            heads: 1,
+            eps: 1e-6,
+            x_offset: 0,
+            n_tokens: 0,
+            acc: false,
+        }
+    }
+}
+
+/// RMSNorm of each token's `heads` groups of `n` values, weights `w` shared by the groups; reads
+/// X (None: normalizes Y in place) and writes (or, with `acc`, adds into) Y.
+pub fn rmsnorm_ext(
+    ctx: &GpuContext,
+    step: &wgpu::Buffer,
+    x: Option<&wgpu::Buffer>,
+    w: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+    s: &NormSpec,
+) -> Result<Dispatch, KernelError> {
+    let heads = s.heads.max(1);
+    let mut defines = Defines::new();
+    if x.is_none() {
+        defines = defines.flag("INPLACE");
+    }
+    if s.acc {
+        defines = defines.flag("ACC");
+    }
+    let pipeline = ctx
+        .pipelines
+        .get(&ctx.device, "rmsnorm", "main", &defines)?;
+    let stride = s.n.checked_mul(heads).ok_or_else(|| KernelError::Shape {
+        kernel: "rmsnorm",
+        problem: format!("{} heads of {} overflow", heads, s.n),
+    })?;
+    let p = NormParams {
+        n: s.n,
+        x_stride: stride,
+        y_stride: stride,
+        eps: s.eps,
+        x_offset: s.x_offset,
+        n_tokens: s.n_tokens,
         _pad: [0; 2],
     };
     let params = params_buffer(ctx, "rmsnorm params", &p)?;
-    let (grid, axis) = if n_tokens != 0 {
-        ([n_tokens, 1, 1], TokenAxis::Fixed)
+    let (grid, axis) = if s.n_tokens != 0 {
+        ([s.n_tokens, heads, 1], TokenAxis::Fixed)
     } else {
-        ([1, 1, 1], TokenAxis::X(1))
+        ([1, heads, 1], TokenAxis::X(1))
     };
-    Ok(make_dispatch(
-        ctx,
-        "rmsnorm",
-        pipeline,
-        params,
-        &[step, x, w, y],
-        grid,
-        axis,
+    let mut bufs: Vec<(u32, &wgpu::Buffer)> = vec![(1, step), (3, w), (4, y)];
+    if let Some(x) = x {
+        bufs.push((2, x));
+    }
+    Ok(make_dispatch_at(
+        ctx, "rmsnorm", pipeline, params, &bufs, grid, axis,
     ))
 }
 
@@ -176,16 +234,21 @@ pub fn rope_table(pos0: u32, n_tokens: u32, rope_dim: u32, base: f32) -> Vec<f32
 
 /// (cos, sin) of pos * base^(-2i / rope_dim) for each position, i in [0, rope_dim/2).
 pub fn rope_table_at(positions: &[u32], rope_dim: u32, base: f32) -> Vec<f32> {
-    let half = (rope_dim / 2) as usize;
-    let freqs: Vec<f64> = (0..half)
+    let freqs: Vec<f64> = (0..rope_dim / 2)
         .map(|i| (base as f64).powf(-((2 * i) as f64) / rope_dim as f64))
         .collect();
-    let mut out = Vec::with_capacity(positions.len() * half * 2);
+    rope_table_freqs(positions, &freqs, 1.0)
+}
+
+/// (cos, sin) × `mscale` of pos · freqs[i] for each position and pair (the frequencies of
+/// [`crate::model::rope::RopeConfig::freqs`]).
+pub fn rope_table_freqs(positions: &[u32], freqs: &[f64], mscale: f32) -> Vec<f32> {
+    let mut out = Vec::with_capacity(positions.len() * freqs.len() * 2);
     for &p in positions {
-        for f in &freqs {
+        for f in freqs {
             let theta = p as f64 * f;
-            out.push(theta.cos() as f32);
-            out.push(theta.sin() as f32);
+            out.push(theta.cos() as f32 * mscale);
+            out.push(theta.sin() as f32 * mscale);
         }
     }
     out

@@ -141,6 +141,9 @@ pub struct PageList {
     pub entries: Vec<(u32, u32)>,
     /// Keys in the list: full pages, and the last page's rows.
     pub keys: u32,
+    /// Position of list key 0 when the list is a contiguous run of pages starting past page 0
+    /// (a sliding window's); 0 otherwise.
+    pub key_base: u32,
 }
 
 impl PageList {
@@ -148,6 +151,16 @@ impl PageList {
     pub fn exact(map: &PageMap, last_pos: usize) -> Self {
         let top = map.page_of(last_pos);
         Self::of_pages(map, (0..=top).collect(), last_pos)
+    }
+
+    /// Every page from the one holding `first_pos` up to the one holding `last_pos`: the keys a
+    /// sliding window can reach (rows mask what lies outside their own window).
+    pub fn exact_from(map: &PageMap, first_pos: usize, last_pos: usize) -> Self {
+        let lo = map.page_of(first_pos.min(last_pos));
+        let top = map.page_of(last_pos);
+        let mut l = Self::of_pages(map, (lo..=top).collect(), last_pos);
+        l.key_base = lo * map.page_tokens;
+        l
     }
 
     /// The given pages (ascending, all full but the one holding `last_pos`, which must be
@@ -169,7 +182,11 @@ impl PageList {
                 (pg, slot)
             })
             .collect();
-        Self { entries, keys }
+        Self {
+            entries,
+            keys,
+            key_base: 0,
+        }
     }
 
     /// Give the streamed pages of `round` stream-pool slots (in list order, from `first_slot`);
@@ -192,11 +209,11 @@ impl PageList {
         loads
     }
 
-    /// Page-table words of this list: [entries, keys, 0, 0, (page, slot) ...].
+    /// Page-table words of this list: [entries, keys, key_base, 0, (page, slot) ...].
     pub fn words(&self, out: &mut Vec<u32>) {
         out.push(self.entries.len() as u32);
         out.push(self.keys);
-        out.push(0);
+        out.push(self.key_base);
         out.push(0);
         for &(p, s) in &self.entries {
             out.push(p);
@@ -287,5 +304,14 @@ mod tests {
         assert_eq!(w.len(), 4 + 2 * 41);
         let sel = PageList::of_pages(&m, vec![0, 3, 9, 40], 16 * 40 + 5);
         assert_eq!(sel.keys, 3 * 16 + 6);
+        // A window from position 100: pages 6..=40, keys counted from page 6.
+        let win = PageList::exact_from(&m, 100, 16 * 40 + 5);
+        assert_eq!(win.entries.first().map(|e| e.0), Some(6));
+        assert_eq!(win.entries.len(), 35);
+        assert_eq!(win.key_base, 96);
+        assert_eq!(win.keys, 16 * 40 + 6 - 96);
+        let mut w = Vec::new();
+        win.words(&mut w);
+        assert_eq!(w[..3], [35, 16 * 40 + 6 - 96, 96]);
     }
 }

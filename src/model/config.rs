@@ -2,8 +2,10 @@
 //!
 //! [`ModelConfig::from_gguf`] reads the `{arch}.*` metadata keys, refuses architectures and
 //! features the engine does not implement (with an error that names them), and validates that
-//! every tensor the forward pass needs exists with the expected dimensions. Everything later
-//! (the CPU reference, the GPU engine) can then index weights without further checks.
+//! every tensor the forward pass needs exists with the expected dimensions (the per-architecture
+//! tensor list is in [`super::tensors`], the per-architecture features in [`super::arch`]).
+//! Everything later (the CPU reference, the GPU engine) can then index weights without further
+//! checks.
 
 use std::fmt;
 
@@ -11,8 +13,9 @@ use thiserror::Error;
 
 use crate::gguf::{GgufError, GgufFile};
 
-/// Architectures the engine runs.
-pub const SUPPORTED_ARCHS: &[&str] = &["llama", "mistral", "qwen2"];
+pub use super::arch::{Family, FfnAct, SUPPORTED_ARCHS};
+pub use super::rope::{RopeConfig, RopeFactors};
+pub use super::tensors::{LayerNames, layer_names};
 
 /// Name of the token embedding tensor (`[n_embd, vocab]`).
 pub const TOKEN_EMBD: &str = "token_embd.weight";
@@ -35,8 +38,12 @@ pub enum ModelError {
         SUPPORTED_ARCHS.join(", ")
     )]
     UnsupportedMoe { arch: String, expert_count: u64 },
-    #[error("{arch}: rope scaling {kind:?} is not supported (supported: none)")]
+    #[error(
+        "{arch}: rope scaling {kind:?} is not supported (supported: none, linear, llama3, longrope with its factor tensors)"
+    )]
     UnsupportedRopeScaling { arch: String, kind: String },
+    #[error("{arch}: {feature} is not supported")]
+    UnsupportedFeature { arch: String, feature: String },
     #[error("tensor {name:?} is not used by the {arch} forward pass (unsupported feature)")]
     UnexpectedTensor { arch: String, name: String },
     #[error("tensor {name:?} is missing")]
@@ -64,7 +71,7 @@ pub enum ModelError {
 pub enum RopeStyle {
     /// Rotate adjacent pairs `(2i, 2i+1)`. GGUF llama files store Q/K rows permuted for this.
     Normal,
-    /// Rotate `(i, i + rope_dim/2)` (GPT-NeoX style; qwen2).
+    /// Rotate `(i, i + rope_dim/2)` (GPT-NeoX style; qwen2, qwen3, phi3, gemma).
     Neox,
 }
 
@@ -82,6 +89,7 @@ impl fmt::Display for RopeStyle {
 pub struct ModelConfig {
     /// `general.architecture` (one of [`SUPPORTED_ARCHS`]).
     pub arch: String,
+    pub family: Family,
     pub n_layers: usize,
     pub n_embd: usize,
     pub n_heads: usize,
@@ -89,6 +97,7 @@ pub struct ModelConfig {
     pub n_kv_heads: usize,
     pub head_dim: usize,
     pub n_ff: usize,
+    /// RoPE base of global layers (`rope.base`).
     pub rope_base: f32,
     /// Leading dimensions of each head that rotate (even, at most `head_dim`).
     pub rope_dim: usize,
@@ -100,49 +109,30 @@ pub struct ModelConfig {
     pub rope_style: RopeStyle,
     /// True when each layer has `attn_q.bias`, `attn_k.bias` and `attn_v.bias`.
     pub has_qkv_bias: bool,
-}
-
-/// The tensor names of one transformer layer.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LayerNames {
-    pub attn_norm: String,
-    pub attn_q: String,
-    pub attn_k: String,
-    pub attn_v: String,
-    pub attn_q_bias: String,
-    pub attn_k_bias: String,
-    pub attn_v_bias: String,
-    pub attn_output: String,
-    pub ffn_norm: String,
-    pub ffn_gate: String,
-    pub ffn_up: String,
-    pub ffn_down: String,
-}
-
-impl LayerNames {
-    /// Names for layer `layer` (`blk.{layer}.*`).
-    pub fn new(layer: usize) -> Self {
-        let n = |s: &str| format!("blk.{layer}.{s}");
-        LayerNames {
-            attn_norm: n("attn_norm.weight"),
-            attn_q: n("attn_q.weight"),
-            attn_k: n("attn_k.weight"),
-            attn_v: n("attn_v.weight"),
-            attn_q_bias: n("attn_q.bias"),
-            attn_k_bias: n("attn_k.bias"),
-            attn_v_bias: n("attn_v.bias"),
-            attn_output: n("attn_output.weight"),
-            ffn_norm: n("ffn_norm.weight"),
-            ffn_gate: n("ffn_gate.weight"),
-            ffn_up: n("ffn_up.weight"),
-            ffn_down: n("ffn_down.weight"),
-        }
-    }
-}
-
-/// The tensor names of layer `layer`.
-pub fn layer_names(layer: usize) -> LayerNames {
-    LayerNames::new(layer)
+    /// Q, K and V in one `attn_qkv` matrix (rows: Q, then K, then V).
+    pub fused_qkv: bool,
+    /// Gate and up in one `ffn_up` matrix of `2 n_ff` rows (gate rows first).
+    pub fused_gate_up: bool,
+    /// Per-head RMSNorm of Q and K after the projection, before RoPE.
+    pub qk_norm: bool,
+    /// RMSNorm of the attention output and of the FFN output before each residual add.
+    pub post_norms: bool,
+    pub ffn_act: FfnAct,
+    /// Embeddings are multiplied by this (Gemma: √n_embd).
+    pub embd_scale: Option<f32>,
+    /// Attention logits are `q·k × attn_scale`.
+    pub attn_scale: f32,
+    /// Attention logits become `cap · tanh(logit / cap)`.
+    pub attn_softcap: Option<f32>,
+    /// Output logits become `cap · tanh(logit / cap)`.
+    pub final_softcap: Option<f32>,
+    /// Local layers attend the last `swa_window` positions (the row's own included).
+    pub swa_window: Option<u32>,
+    /// Which layers are local (sliding-window); all false without a window.
+    pub swa_layers: Vec<bool>,
+    /// RoPE of global layers, and of local layers.
+    pub rope: RopeConfig,
+    pub rope_swa: RopeConfig,
 }
 
 /// Upper bound for any single dimension read from metadata; keeps products far from overflow.
@@ -150,7 +140,7 @@ const MAX_DIM: u64 = 1 << 24;
 /// Upper bound for the layer count.
 const MAX_LAYERS: u64 = 4096;
 
-fn bad(key: &str, value: impl fmt::Display, problem: impl Into<String>) -> ModelError {
+pub(crate) fn bad(key: &str, value: impl fmt::Display, problem: impl Into<String>) -> ModelError {
     ModelError::BadConfig {
         key: key.to_string(),
         value: value.to_string(),
@@ -230,10 +220,8 @@ impl ModelConfig {
                 key: "general.architecture".to_string(),
             })?
             .to_string();
-        let rope_style = match arch.as_str() {
-            "llama" | "mistral" => RopeStyle::Normal,
-            "qwen2" => RopeStyle::Neox,
-            _ => return Err(ModelError::UnsupportedArch { arch }),
+        let Some(family) = Family::of(&arch) else {
+            return Err(ModelError::UnsupportedArch { arch });
         };
         let k = |s: &str| format!("{arch}.{s}");
 
@@ -245,7 +233,6 @@ impl ModelConfig {
                 expert_count: n,
             });
         }
-        check_rope_scaling(g, &arch)?;
 
         let n_layers = req_dim(g, &k("block_count"), MAX_LAYERS)?;
         let n_embd = req_dim(g, &k("embedding_length"), MAX_DIM)?;
@@ -291,14 +278,6 @@ impl ModelConfig {
                 format!("must be even and at most the head size {head_dim}"),
             ));
         }
-        let rope_base = g.get_f32(&k("rope.freq_base"))?.unwrap_or(10000.0);
-        if !(rope_base.is_finite() && rope_base > 1.0) {
-            return Err(bad(
-                &k("rope.freq_base"),
-                rope_base,
-                "must be finite and > 1",
-            ));
-        }
         let eps_key = k("attention.layer_norm_rms_epsilon");
         let rms_eps = g
             .get_f32(&eps_key)?
@@ -329,101 +308,63 @@ impl ModelConfig {
             None => check_dim("token_embd.weight rows", embd_rows, u32::MAX as u64)?,
         };
         checked_mul("vocab_size * n_embd", vocab_size, n_embd)?;
-        checked_mul("n_ff * n_embd", n_ff, n_embd)?;
+        checked_mul("2 * n_ff * n_embd", 2 * n_ff, n_embd)?;
         checked_mul("q_dim * n_embd", q_dim, n_embd)?;
+        checked_mul("(q_dim + 2 kv_dim) * n_embd", q_dim + 2 * kv_dim, n_embd)?;
         checked_mul("kv_dim * context_length", kv_dim, context_length)?;
 
+        let f = super::arch::read_features(
+            g,
+            &arch,
+            family,
+            &super::arch::Dims {
+                n_layers,
+                n_embd,
+                n_heads,
+                head_dim,
+                rope_dim,
+                context_length,
+            },
+        )?;
         let tied_output = g.tensor(OUTPUT).is_none();
-        let has_qkv_bias = arch == "qwen2" || g.tensor("blk.0.attn_q.bias").is_some();
-
+        let has_qkv_bias = match family {
+            Family::Qwen2 => true,
+            Family::Llama => g.tensor("blk.0.attn_q.bias").is_some(),
+            _ => false,
+        };
         let cfg = ModelConfig {
-            arch,
+            family,
             n_layers,
             n_embd,
             n_heads,
             n_kv_heads,
             head_dim,
             n_ff,
-            rope_base,
+            rope_base: f.rope.base,
             rope_dim,
             rms_eps,
             context_length,
             vocab_size,
             tied_output,
-            rope_style,
+            rope_style: family.rope_style(),
             has_qkv_bias,
+            fused_qkv: family == Family::Phi3 && g.tensor("blk.0.attn_qkv.weight").is_some(),
+            fused_gate_up: family == Family::Phi3,
+            qk_norm: matches!(family, Family::Qwen3 | Family::Gemma3),
+            post_norms: family.is_gemma(),
+            ffn_act: f.ffn_act,
+            embd_scale: f.embd_scale,
+            attn_scale: f.attn_scale,
+            attn_softcap: f.attn_softcap,
+            final_softcap: f.final_softcap,
+            swa_window: f.swa_window,
+            swa_layers: f.swa_layers,
+            rope: f.rope,
+            rope_swa: f.rope_swa,
+            arch,
         };
-        cfg.validate_tensors(g)?;
+        super::tensors::validate(&cfg, g)?;
         Ok(cfg)
-    }
-
-    /// Check every tensor the forward pass reads, and that there are no others.
-    fn validate_tensors(&self, g: &GgufFile) -> Result<(), ModelError> {
-        let (e, q, kv, ff) = (self.n_embd, self.q_dim(), self.kv_dim(), self.n_ff);
-        let mut known: Vec<String> = vec![TOKEN_EMBD.into(), OUTPUT_NORM.into()];
-        expect_tensor(g, TOKEN_EMBD, &[e, self.vocab_size])?;
-        expect_tensor(g, OUTPUT_NORM, &[e])?;
-        if !self.tied_output {
-            expect_tensor(g, OUTPUT, &[e, self.vocab_size])?;
-            known.push(OUTPUT.into());
-        }
-        for l in 0..self.n_layers {
-            let n = LayerNames::new(l);
-            expect_tensor(g, &n.attn_norm, &[e])?;
-            expect_tensor(g, &n.attn_q, &[e, q])?;
-            expect_tensor(g, &n.attn_k, &[e, kv])?;
-            expect_tensor(g, &n.attn_v, &[e, kv])?;
-            expect_tensor(g, &n.attn_output, &[q, e])?;
-            expect_tensor(g, &n.ffn_norm, &[e])?;
-            expect_tensor(g, &n.ffn_gate, &[e, ff])?;
-            expect_tensor(g, &n.ffn_up, &[e, ff])?;
-            expect_tensor(g, &n.ffn_down, &[ff, e])?;
-            if self.has_qkv_bias {
-                expect_tensor(g, &n.attn_q_bias, &[q])?;
-                expect_tensor(g, &n.attn_k_bias, &[kv])?;
-                expect_tensor(g, &n.attn_v_bias, &[kv])?;
-            }
-            let LayerNames {
-                attn_norm,
-                attn_q,
-                attn_k,
-                attn_v,
-                attn_q_bias,
-                attn_k_bias,
-                attn_v_bias,
-                attn_output,
-                ffn_norm,
-                ffn_gate,
-                ffn_up,
-                ffn_down,
-            } = n;
-            known.extend([
-                attn_norm,
-                attn_q,
-                attn_k,
-                attn_v,
-                attn_output,
-                ffn_norm,
-                ffn_gate,
-                ffn_up,
-                ffn_down,
-            ]);
-            if self.has_qkv_bias {
-                known.extend([attn_q_bias, attn_k_bias, attn_v_bias]);
-            }
-        }
-        // A tensor the forward pass would ignore (extra biases, rope_freqs, experts, ...) means a
-        // feature the engine does not implement: refuse rather than compute something else.
-        if g.tensors.len() != known.len() {
-            let known: std::collections::HashSet<&str> = known.iter().map(|s| s.as_str()).collect();
-            if let Some(t) = g.tensors.iter().find(|t| !known.contains(t.name.as_str())) {
-                return Err(ModelError::UnexpectedTensor {
-                    arch: self.arch.clone(),
-                    name: t.name.clone(),
-                });
-            }
-        }
-        Ok(())
     }
 
     /// Width of the concatenated query heads (`n_heads * head_dim`).
@@ -441,37 +382,38 @@ impl ModelConfig {
         self.n_heads / self.n_kv_heads
     }
 
+    /// Whether layer `l` is a local (sliding-window) layer.
+    pub fn is_swa(&self, l: usize) -> bool {
+        self.swa_window.is_some() && self.swa_layers.get(l).copied().unwrap_or(false)
+    }
+
+    /// The attention window of layer `l` (None: global).
+    pub fn window_of(&self, l: usize) -> Option<u32> {
+        if self.is_swa(l) {
+            self.swa_window
+        } else {
+            None
+        }
+    }
+
+    /// The RoPE of layer `l`.
+    pub fn rope_of(&self, l: usize) -> &RopeConfig {
+        if self.is_swa(l) {
+            &self.rope_swa
+        } else {
+            &self.rope
+        }
+    }
+
+    /// Whether local layers rotate differently from global ones (a second RoPE table).
+    pub fn split_rope(&self) -> bool {
+        self.swa_layers.iter().any(|&s| s) && self.rope_swa != self.rope
+    }
+
     /// A multi-line human-readable summary (what `flashlm info` prints).
     pub fn summary(&self) -> String {
         self.to_string()
     }
-}
-
-/// Refuse any rope scaling other than none.
-fn check_rope_scaling(g: &GgufFile, arch: &str) -> Result<(), ModelError> {
-    let unsupported = |kind: &str| ModelError::UnsupportedRopeScaling {
-        arch: arch.to_string(),
-        kind: kind.to_string(),
-    };
-    let ty_key = format!("{arch}.rope.scaling.type");
-    match g.get_str(&ty_key)? {
-        Some("none") => return Ok(()),
-        Some(other) => return Err(unsupported(other)),
-        None => {}
-    }
-    // Without a type, a scale factor other than 1 (or 0, meaning unset) implies linear scaling.
-    for key in [
-        format!("{arch}.rope.scaling.factor"),
-        format!("{arch}.rope.scale_linear"),
-    ] {
-        if let Some(f) = g.get_f32(&key)?
-            && f != 0.0
-            && f != 1.0
-        {
-            return Err(unsupported(&format!("linear (factor {f})")));
-        }
-    }
-    Ok(())
 }
 
 impl fmt::Display for ModelConfig {
@@ -490,9 +432,21 @@ impl fmt::Display for ModelConfig {
         )?;
         writeln!(
             f,
-            "rope:           {} style, base {}, {} of {} dims",
-            self.rope_style, self.rope_base, self.rope_dim, self.head_dim
+            "rope:           {} style, {} of {} dims, {}",
+            self.rope_style,
+            self.rope_dim,
+            self.head_dim,
+            self.rope.describe()
         )?;
+        if let Some(w) = self.swa_window {
+            let n = self.swa_layers.iter().filter(|&&s| s).count();
+            writeln!(
+                f,
+                "sliding window: {w} positions on {n} of {} layers (rope {})",
+                self.n_layers,
+                self.rope_swa.describe()
+            )?;
+        }
         writeln!(f, "rms norm eps:   {:e}", self.rms_eps)?;
         writeln!(f, "context:        {}", self.context_length)?;
         writeln!(f, "vocabulary:     {}", self.vocab_size)?;
@@ -505,10 +459,42 @@ impl fmt::Display for ModelConfig {
                 "output.weight"
             }
         )?;
+        let mut extras = Vec::new();
+        if self.has_qkv_bias {
+            extras.push("q/k/v bias".to_string());
+        }
+        if self.fused_qkv {
+            extras.push("fused qkv".into());
+        }
+        if self.fused_gate_up {
+            extras.push("fused gate/up".into());
+        }
+        if self.qk_norm {
+            extras.push("q/k norms".into());
+        }
+        if self.post_norms {
+            extras.push("post norms".into());
+        }
+        if self.ffn_act == FfnAct::GeluTanh {
+            extras.push("GeGLU".into());
+        }
+        if let Some(s) = self.embd_scale {
+            extras.push(format!("embeddings x {s}"));
+        }
+        if let Some(c) = self.attn_softcap {
+            extras.push(format!("attention soft-cap {c}"));
+        }
+        if let Some(c) = self.final_softcap {
+            extras.push(format!("logit soft-cap {c}"));
+        }
         write!(
             f,
-            "q/k/v bias:     {}",
-            if self.has_qkv_bias { "yes" } else { "no" }
+            "features:       {}",
+            if extras.is_empty() {
+                "none".to_string()
+            } else {
+                extras.join(", ")
+            }
         )
     }
 }

@@ -1,10 +1,14 @@
 //! The model: config from GGUF metadata, tokenizer, chat template, and the CPU reference
 //! forward pass (the tests' oracle).
 
+pub mod arch;
 pub mod chat;
 pub mod config;
 pub mod reference;
+pub mod rope;
 pub mod synthetic;
+pub mod synthetic_arch;
+pub mod tensors;
 pub mod tokenizer;
 
 use std::path::{Path, PathBuf};

@@ -24,19 +24,9 @@ use thiserror::Error;
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::kernels::{self, ATTN_PARAMS_BYTES, KV_PARAMS_BYTES, KernelError, WeightLayout};
 use crate::model::config::{ModelConfig, OUTPUT, TOKEN_EMBD};
+pub use crate::model::tensors::{MatrixRole, layer_matrices};
 pub use kvplan::{KvPlan, KvSelect, SelectSpec};
 pub use placement::{Costs, Placement, PlacementError, ResidentSpec};
-
-/// Names of a layer's seven matrices, in the order the plan and the engine keep them.
-pub const MATRIX_NAMES: [&str; 7] = [
-    "attn_q",
-    "attn_k",
-    "attn_v",
-    "attn_output",
-    "ffn_gate",
-    "ffn_up",
-    "ffn_down",
-];
 
 #[derive(Debug, Error)]
 pub enum PlanError {
@@ -83,6 +73,9 @@ pub struct PlanOptions {
     /// Streamed weights are written in place into mappable layer slots (device memory is host
     /// memory): the staging ring then only carries KV pages, so it needs no layer's worth.
     pub in_place: bool,
+    /// Bytes per storage binding at most, below the device's limit (None: the device's): splits
+    /// weights into more parts, as a device with smaller bindings would.
+    pub max_binding: Option<u64>,
 }
 
 impl Default for PlanOptions {
@@ -103,13 +96,16 @@ impl Default for PlanOptions {
             logit_rows: 1,
             extra_bytes: 0,
             in_place: false,
+            max_binding: None,
         }
     }
 }
 
-/// A layer's seven matrices in the file and their device layout.
+/// A layer's matrices ([`layer_matrices`] of the architecture) in the file and their device
+/// layout.
 #[derive(Debug, Clone)]
 pub struct LayerWeights {
+    pub roles: Vec<MatrixRole>,
     pub files: Vec<TensorInfo>,
     pub layouts: Vec<WeightLayout>,
 }
@@ -118,11 +114,57 @@ impl LayerWeights {
     pub fn device_bytes(&self) -> u64 {
         self.layouts.iter().map(|l| l.device_bytes()).sum()
     }
-    /// Matrix dispatches of one forward list (gate and up share theirs).
-    fn dispatches(&self) -> u64 {
-        let p = |i: usize| self.layouts[i].parts.len() as u64;
-        p(0) + p(1) + p(2) + p(3) + p(4) + p(6)
+    fn layout(&self, role: MatrixRole) -> Option<&WeightLayout> {
+        self.roles
+            .iter()
+            .position(|&r| r == role)
+            .map(|i| &self.layouts[i])
     }
+    /// Matrix dispatches of one forward list: one per part, a gated pair sharing theirs; a fused
+    /// matrix one per piece of each of its sub-matrices.
+    pub fn dispatches(&self, cfg: &ModelConfig) -> u64 {
+        let parts = |role| self.layout(role).map_or(0, |l| l.parts.len() as u64);
+        let mut n = 0u64;
+        for &role in &self.roles {
+            n += match role {
+                MatrixRole::Up => 0,
+                MatrixRole::Qkv => {
+                    let Some(l) = self.layout(role) else { continue };
+                    let p: Vec<(u32, u32)> = l.parts.clone();
+                    let (q, kv) = (cfg.q_dim() as u32, cfg.kv_dim() as u32);
+                    [(0, q), (q, q + kv), (q + kv, q + 2 * kv)]
+                        .iter()
+                        .map(|&(a, b)| kernels::row_pieces(&p, a, b).len() as u64)
+                        .sum()
+                }
+                MatrixRole::GateUp => self.layout(role).map_or(0, |l| {
+                    kernels::paired_pieces(&l.parts, cfg.n_ff as u32).len() as u64
+                }),
+                r => parts(r),
+            };
+        }
+        n
+    }
+}
+
+/// Row-wise dispatches (RMSNorm, RoPE, bias) of one layer's forward list.
+pub fn row_dispatches(cfg: &ModelConfig) -> u64 {
+    4 + if cfg.has_qkv_bias { 3 } else { 0 }
+        + if cfg.qk_norm { 2 } else { 0 }
+        + if cfg.post_norms { 2 } else { 0 }
+}
+
+/// Device bytes of one layer's vectors: norms, biases, q/k norms.
+pub fn layer_vector_bytes(cfg: &ModelConfig) -> u64 {
+    let f = |n: usize| round16((n * 4) as u64);
+    2 * f(cfg.n_embd)
+        + if cfg.has_qkv_bias {
+            f(cfg.q_dim()) + 2 * f(cfg.kv_dim())
+        } else {
+            0
+        }
+        + if cfg.qk_norm { 2 * f(cfg.head_dim) } else { 0 }
+        + if cfg.post_norms { 2 * f(cfg.n_embd) } else { 0 }
 }
 
 /// Bytes of each activation buffer (16-byte rounded, as allocated).
@@ -131,6 +173,8 @@ pub struct Sizes {
     pub step: u64,
     pub rows: u64,
     pub rope_cs: u64,
+    /// The RoPE table of local layers (0 when they rotate as global ones).
+    pub rope_cs_swa: u64,
     pub x: u64,
     pub q: u64,
     pub h: u64,
@@ -146,6 +190,7 @@ impl Sizes {
         self.step
             + self.rows
             + self.rope_cs
+            + self.rope_cs_swa
             + 2 * self.x
             + 2 * self.q
             + self.h
@@ -177,6 +222,8 @@ pub struct ExecPlan {
     pub head: HeadPlan,
     pub ring_slots: usize,
     pub ring_chunk: u64,
+    /// Bytes of each matrix part of a layer slot (matrix, part).
+    pub slot_parts: Vec<Vec<u64>>,
     pub placement: Placement,
     pub kv: KvPlan,
     pub sizes: Sizes,
@@ -198,6 +245,7 @@ impl ExecPlan {
         max_binding: u64,
         o: &PlanOptions,
     ) -> Result<Self, PlanError> {
+        let max_binding = o.max_binding.map_or(max_binding, |c| c.min(max_binding));
         let tensor = |name: &str| -> Result<TensorInfo, PlanError> {
             gguf.tensor(name)
                 .cloned()
@@ -212,14 +260,20 @@ impl ExecPlan {
             let cols = u32::try_from(t.row_len()).map_err(|_| bad())?;
             Ok(WeightLayout::new(&t.name, t.ty, rows, cols, max_binding)?)
         };
+        let roles = layer_matrices(cfg);
         let mut layers = Vec::with_capacity(cfg.n_layers);
         for l in 0..cfg.n_layers {
-            let files = MATRIX_NAMES
+            let names = crate::model::config::LayerNames::new(l);
+            let files = roles
                 .iter()
-                .map(|m| tensor(&format!("blk.{l}.{m}.weight")))
+                .map(|r| tensor(r.name(&names)))
                 .collect::<Result<Vec<_>, _>>()?;
             let layouts = files.iter().map(layout).collect::<Result<Vec<_>, _>>()?;
-            layers.push(LayerWeights { files, layouts });
+            layers.push(LayerWeights {
+                roles: roles.clone(),
+                files,
+                layouts,
+            });
         }
         let head_info = tensor(if cfg.tied_output { TOKEN_EMBD } else { OUTPUT })?;
         let head_layout = layout(&head_info)?;
@@ -254,6 +308,11 @@ impl ExecPlan {
             step: 16,
             rows: round16(ubatch as u64 * 16),
             rope_cs: f(ubatch * cfg.rope_dim.max(2)),
+            rope_cs_swa: if cfg.split_rope() {
+                f(ubatch * cfg.rope_dim.max(2))
+            } else {
+                0
+            },
             x: f(ubatch * cfg.n_embd),
             q: f(ubatch * q_dim),
             h: f(ubatch * cfg.n_ff),
@@ -263,13 +322,7 @@ impl ExecPlan {
             part: round16(ubatch as u64 * part_row * kv_min.round_splits as u64),
             running: round16(ubatch as u64 * part_row),
         };
-        let norms = cfg.n_layers as u64 * 2 * f(cfg.n_embd)
-            + f(cfg.n_embd)
-            + if cfg.has_qkv_bias {
-                cfg.n_layers as u64 * (f(q_dim) + 2 * f(kv_dim))
-            } else {
-                0
-            };
+        let norms = cfg.n_layers as u64 * layer_vector_bytes(cfg) + f(cfg.n_embd);
         // Kernel parameters: every dispatch of the decode and prefill lists of every layer,
         // and the head's.
         let row = kernels::ROW_PARAMS_BYTES;
@@ -277,9 +330,8 @@ impl ExecPlan {
         let mut params = 0u64;
         for (l, lw) in layers.iter().enumerate() {
             let select = kv_min.selects_layer(l);
-            let per_list = 4 * row
-                + if cfg.has_qkv_bias { 3 * row } else { 0 }
-                + lw.dispatches() * mm
+            let per_list = row_dispatches(cfg) * row
+                + lw.dispatches(cfg) * mm
                 + KV_PARAMS_BYTES
                 + 2 * ATTN_PARAMS_BYTES
                 + if select { KV_PARAMS_BYTES } else { 0 };
@@ -310,7 +362,20 @@ impl ExecPlan {
             o.ring_slots
         };
         let ring = crate::gpu::staging::ring_bytes(ring_slots, ring_chunk);
-        let max_layer = layers.iter().map(|w| w.device_bytes()).max().unwrap_or(0);
+        // A layer slot holds any layer: per matrix and part, the largest over the layers (their
+        // weight types may differ from layer to layer).
+        let mut slot_parts: Vec<Vec<u64>> = Vec::new();
+        for lw in &layers {
+            slot_parts.resize(lw.layouts.len().max(slot_parts.len()), Vec::new());
+            for (m, lay) in lw.layouts.iter().enumerate() {
+                let sp = &mut slot_parts[m];
+                sp.resize(lay.parts.len().max(sp.len()), 0);
+                for (i, b) in sp.iter_mut().enumerate().take(lay.parts.len()) {
+                    *b = (*b).max(lay.part_bytes(i));
+                }
+            }
+        }
+        let slot_bytes: u64 = slot_parts.iter().flatten().sum();
         let slots_wanted = (o.prefetch + 1).min(cfg.n_layers.max(1));
         let head_params_max = head_lists * head_resident_params.max(head_stream_params);
         // Everything resident with every KV page at home needs no staging ring; if that does
@@ -327,9 +392,11 @@ impl ExecPlan {
             + head_params_max
             + layers.iter().map(|w| w.device_bytes()).sum::<u64>()
             + head.layout.device_bytes();
+        // Pages also leave the device when a layer's pages would not fit one binding.
+        let home_fits_binding = kv_full.max_pages as u64 * kv_full.page_bytes <= max_binding;
         let costs = Costs {
             activations: sizes.total() + o.extra_bytes,
-            resident_extra: if kv_min.streams && all_home > budget {
+            resident_extra: if kv_min.streams && (all_home > budget || !home_fits_binding) {
                 ring
             } else {
                 0
@@ -338,17 +405,19 @@ impl ExecPlan {
             norms,
             params: params + head_params_max,
             ring,
-            layer: max_layer,
+            layer: slot_bytes,
+            layers: layers.iter().map(|w| w.device_bytes()).collect(),
             head: head.layout.device_bytes(),
             head_chunk: head.chunk_bytes,
         };
         let placement = placement::plan(costs, cfg.n_layers, budget, slots_wanted, &o.resident)?;
-        // Streamed layers share slots: they must all have the first streamed layer's shapes.
+        // Streamed layers share slots: they must all have the first streamed layer's shapes
+        // (their weight types may differ).
         let mut streamed = (0..cfg.n_layers).filter(|&l| !placement.resident_layers[l]);
         if let Some(first) = streamed.next() {
             for l in streamed {
                 for (a, b) in layers[l].files.iter().zip(&layers[first].files) {
-                    if a.ty != b.ty || a.dims != b.dims {
+                    if a.dims != b.dims {
                         return Err(PlanError::UnevenLayers(format!(
                             "{} differs from {}",
                             a.name, b.name
@@ -394,6 +463,7 @@ impl ExecPlan {
             head,
             ring_slots,
             ring_chunk,
+            slot_parts,
             placement,
             kv,
             sizes,

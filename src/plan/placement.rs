@@ -19,8 +19,10 @@ pub struct Costs {
     pub norms: u64,
     pub params: u64,
     pub ring: u64,
-    /// Each layer's seven matrices.
+    /// One layer slot: room for any layer's matrices (their largest part each).
     pub layer: u64,
+    /// Each layer's matrices resident (empty: `layer` each).
+    pub layers: Vec<u64>,
     pub head: u64,
     /// One output-head chunk slot.
     pub head_chunk: u64,
@@ -126,6 +128,13 @@ fn mib(b: u64) -> String {
 }
 
 impl Costs {
+    /// Device bytes of layer `l` resident.
+    fn layer_bytes(&self, l: usize) -> u64 {
+        self.layers.get(l).copied().unwrap_or(self.layer)
+    }
+    fn layers_bytes(&self, layers: impl Iterator<Item = usize>) -> u64 {
+        layers.map(|l| self.layer_bytes(l)).sum()
+    }
     fn fixed(&self) -> u64 {
         self.kv + self.activations + self.norms + self.params
     }
@@ -164,7 +173,8 @@ pub fn plan(
     slots: usize,
     spec: &ResidentSpec,
 ) -> Result<Placement, PlacementError> {
-    let all = costs.fixed() + n_layers as u64 * costs.layer + costs.head + costs.resident_extra;
+    let all_layers = costs.layers_bytes(0..n_layers);
+    let all = costs.fixed() + all_layers + costs.head + costs.resident_extra;
     let everything = |costs: Costs| Placement {
         budget,
         total: all,
@@ -177,7 +187,7 @@ pub fn plan(
     if *spec == ResidentSpec::All || (*spec == ResidentSpec::Auto && all <= budget) {
         if all > budget {
             return Err(PlacementError::ResidentTooLarge {
-                wanted: n_layers as u64 * costs.layer + costs.head,
+                wanted: all_layers + costs.head,
                 left: budget.saturating_sub(costs.fixed()),
                 breakdown: costs.breakdown(0),
             });
@@ -212,7 +222,8 @@ pub fn plan(
             for &l in layers {
                 r[l] = true;
             }
-            let wanted = layers.len() as u64 * costs.layer + if *head { costs.head } else { 0 };
+            let wanted = costs.layers_bytes((0..n_layers).filter(|&l| r[l]))
+                + if *head { costs.head } else { 0 };
             if wanted > left {
                 return Err(PlacementError::ResidentTooLarge {
                     wanted,
@@ -224,10 +235,11 @@ pub fn plan(
         }
         _ => {
             let mut r = vec![false; n_layers];
-            for slot in r.iter_mut() {
-                if costs.layer <= left {
+            for (l, slot) in r.iter_mut().enumerate() {
+                let b = costs.layer_bytes(l);
+                if b <= left {
                     *slot = true;
-                    left -= costs.layer;
+                    left -= b;
                 }
             }
             let head = costs.head <= left;
@@ -253,7 +265,7 @@ pub fn plan(
         } else {
             2 * costs.head_chunk
         }
-        + resident_layers.iter().filter(|&&r| r).count() as u64 * costs.layer;
+        + costs.layers_bytes((0..n_layers).filter(|&l| resident_layers[l]));
     Ok(Placement {
         budget,
         costs,
@@ -330,10 +342,29 @@ mod tests {
             params: 10,
             ring: 200,
             layer: 500,
+            layers: vec![],
             head: 3000,
             head_chunk: 100,
             resident_extra: 0,
         }
+    }
+
+    #[test]
+    fn layers_of_different_sizes_count_their_own_bytes() {
+        // Slots hold the largest layer; resident layers cost what they hold.
+        let c = Costs {
+            layers: vec![300, 500, 200, 450],
+            ..costs()
+        };
+        let fixed = 1000 + 100 + 10 + 10;
+        let all = plan(c.clone(), 4, u64::MAX, 2, &ResidentSpec::Auto).unwrap();
+        assert_eq!(all.total, fixed + 1450 + 3000);
+        // Streaming minimum (ring, one slot, 2 head chunks) plus 300 + 200: layers 0 and 2 fit,
+        // 1 and 3 stream.
+        let min = fixed + 200 + 500 + 200;
+        let p = plan(c, 4, min + 500, 1, &ResidentSpec::Auto).unwrap();
+        assert_eq!(p.resident_layers, vec![true, false, true, false]);
+        assert_eq!(p.total, min + 500);
     }
 
     #[test]

@@ -4,15 +4,18 @@
 //! each token runs the textbook pre-norm transformer, one position at a time:
 //!
 //! ```text
-//! x = token_embd[token]
+//! x = token_embd[token] (× √n_embd: Gemma)
 //! for each layer:
 //!     h = rmsnorm(x) * attn_norm
-//!     q, k, v = Wq h (+bq), Wk h (+bk), Wv h (+bv)
-//!     rope(q), rope(k); append k, v to the layer's cache
-//!     x += Wo · attention(q, k_cache, v_cache)
+//!     q, k, v = Wq h (+bq), Wk h (+bk), Wv h (+bv)      (Phi-3: rows of one Wqkv)
+//!     per head: q = rmsnorm(q) * q_norm, k = rmsnorm(k) * k_norm   (Qwen3, Gemma 3)
+//!     rope(q), rope(k) (the layer's frequencies); append k, v to the layer's cache
+//!     o = Wo · attention(q, k_cache, v_cache)   (scale, soft-cap, sliding window)
+//!     x += o                                    (Gemma: x += rmsnorm(o) * post_attention_norm)
 //!     h = rmsnorm(x) * ffn_norm
-//!     x += Wdown · (silu(Wgate h) * (Wup h))
-//! logits = Wout · (rmsnorm(x) * output_norm)     (Wout = token_embd when tied)
+//!     d = Wdown · (act(Wgate h) * (Wup h))      (act: silu, or tanh-GELU for Gemma)
+//!     x += d                                    (Gemma: x += rmsnorm(d) * post_ffw_norm)
+//! logits = Wout · (rmsnorm(x) * output_norm)     (Wout = token_embd when tied; soft-capped: Gemma 2)
 //! ```
 //!
 //! The building blocks live in [`ops`] so that kernel tests can compare against them one by one.
@@ -20,183 +23,29 @@
 use crate::gguf::GgufFile;
 use crate::gguf::quant::dequantize;
 
-use super::config::{LayerNames, ModelConfig, ModelError, OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
+use super::config::{FfnAct, LayerNames, ModelConfig, ModelError, OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
 
 pub use super::config::RopeStyle;
 
-/// The forward pass's building blocks, on plain slices.
-pub mod ops {
-    use super::RopeStyle;
-
-    /// `y = W x` for a row-major `rows × cols` matrix `w`: `y[r] = Σ_c w[r*cols + c] · x[c]`.
-    ///
-    /// Panics if `w.len() != rows * cols` or `x.len() != cols`.
-    pub fn matvec(w: &[f32], rows: usize, cols: usize, x: &[f32]) -> Vec<f32> {
-        assert_eq!(w.len(), rows * cols, "matvec: matrix size");
-        assert_eq!(x.len(), cols, "matvec: vector size");
-        if cols == 0 {
-            return vec![0.0; rows];
-        }
-        w.chunks_exact(cols).map(|row| dot(row, x)).collect()
-    }
-
-    /// Dot product with eight independent accumulators (keeps the loop fast without SIMD code).
-    #[inline]
-    fn dot(a: &[f32], b: &[f32]) -> f32 {
-        let mut acc = [0.0f32; 8];
-        let (a8, ra) = a.as_chunks::<8>();
-        let (b8, rb) = b.as_chunks::<8>();
-        for (x, y) in a8.iter().zip(b8) {
-            acc[0] += x[0] * y[0];
-            acc[1] += x[1] * y[1];
-            acc[2] += x[2] * y[2];
-            acc[3] += x[3] * y[3];
-            acc[4] += x[4] * y[4];
-            acc[5] += x[5] * y[5];
-            acc[6] += x[6] * y[6];
-            acc[7] += x[7] * y[7];
-        }
-        let mut s = (acc[0] + acc[4]) + (acc[1] + acc[5]) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-        for (x, y) in ra.iter().zip(rb) {
-            s += x * y;
-        }
-        s
-    }
-
-    /// `x / sqrt(mean(x²) + eps) * w` (the mean is accumulated in f64).
-    pub fn rmsnorm(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
-        assert_eq!(x.len(), w.len(), "rmsnorm: weight size");
-        if x.is_empty() {
-            return Vec::new();
-        }
-        let ss: f64 = x.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / x.len() as f64;
-        let scale = (1.0 / (ss + eps as f64).sqrt()) as f32;
-        x.iter().zip(w).map(|(&v, &w)| v * scale * w).collect()
-    }
-
-    /// Rotary position embedding, in place, on `n_heads` consecutive heads of `head_dim`.
-    ///
-    /// Pair `i` (for `i < rope_dim/2`) rotates by angle `pos · base^(-2i/rope_dim)`; the pair is
-    /// `(2i, 2i+1)` for [`RopeStyle::Normal`] and `(i, i + rope_dim/2)` for [`RopeStyle::Neox`].
-    /// Dimensions from `rope_dim` to `head_dim` are left alone.
-    pub fn rope_inplace(
-        x: &mut [f32],
-        n_heads: usize,
-        head_dim: usize,
-        rope_dim: usize,
-        pos: usize,
-        base: f32,
-        style: RopeStyle,
-    ) {
-        assert_eq!(x.len(), n_heads * head_dim, "rope: vector size");
-        assert!(
-            rope_dim <= head_dim && rope_dim.is_multiple_of(2),
-            "rope: rope_dim must be even and <= head_dim"
-        );
-        let half = rope_dim / 2;
-        for i in 0..half {
-            let freq = (base as f64).powf(-2.0 * i as f64 / rope_dim as f64);
-            let theta = pos as f64 * freq;
-            let (sin, cos) = (theta.sin() as f32, theta.cos() as f32);
-            let (a, b) = match style {
-                RopeStyle::Normal => (2 * i, 2 * i + 1),
-                RopeStyle::Neox => (i, i + half),
-            };
-            for head in x.chunks_exact_mut(head_dim) {
-                let (x0, x1) = (head[a], head[b]);
-                head[a] = x0 * cos - x1 * sin;
-                head[b] = x0 * sin + x1 * cos;
-            }
-        }
-    }
-
-    /// Causal attention of one query over `n_kv` cached positions.
-    ///
-    /// `q` holds `n_heads` heads of `head_dim`; each cache holds `n_kv` rows of
-    /// `n_kv_heads * head_dim`. Query head `h` reads kv head `h / (n_heads / n_kv_heads)`.
-    /// Scores are scaled by `1/sqrt(head_dim)` and softmaxed over the positions.
-    pub fn attention(
-        q: &[f32],
-        k_cache: &[f32],
-        v_cache: &[f32],
-        n_heads: usize,
-        n_kv_heads: usize,
-        head_dim: usize,
-        n_kv: usize,
-    ) -> Vec<f32> {
-        assert!(
-            n_kv_heads > 0 && n_heads.is_multiple_of(n_kv_heads),
-            "attention: n_kv_heads must divide n_heads"
-        );
-        let kv_dim = n_kv_heads * head_dim;
-        assert_eq!(q.len(), n_heads * head_dim, "attention: query size");
-        assert!(
-            k_cache.len() >= n_kv * kv_dim && v_cache.len() >= n_kv * kv_dim,
-            "attention: cache smaller than n_kv rows"
-        );
-        let group = n_heads / n_kv_heads;
-        let scale = 1.0 / (head_dim as f32).sqrt();
-        let mut out = vec![0.0f32; n_heads * head_dim];
-        let mut scores = vec![0.0f32; n_kv];
-        for h in 0..n_heads {
-            let kvh = h / group;
-            let qh = &q[h * head_dim..(h + 1) * head_dim];
-            for (t, s) in scores.iter_mut().enumerate() {
-                let off = t * kv_dim + kvh * head_dim;
-                *s = dot(qh, &k_cache[off..off + head_dim]) * scale;
-            }
-            softmax_inplace(&mut scores);
-            let oh = &mut out[h * head_dim..(h + 1) * head_dim];
-            for (t, &p) in scores.iter().enumerate() {
-                let off = t * kv_dim + kvh * head_dim;
-                for (o, &v) in oh.iter_mut().zip(&v_cache[off..off + head_dim]) {
-                    *o += p * v;
-                }
-            }
-        }
-        out
-    }
-
-    /// `silu(gate) * up`, elementwise, with `silu(g) = g / (1 + e^-g)`.
-    pub fn swiglu(gate: &[f32], up: &[f32]) -> Vec<f32> {
-        assert_eq!(gate.len(), up.len(), "swiglu: sizes differ");
-        gate.iter()
-            .zip(up)
-            .map(|(&g, &u)| g / (1.0 + (-g).exp()) * u)
-            .collect()
-    }
-
-    /// Numerically stable softmax, in place (max subtracted first).
-    pub fn softmax_inplace(x: &mut [f32]) {
-        let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        if !max.is_finite() {
-            // All -inf (or empty): nothing sensible to normalise; spread uniformly.
-            let n = x.len() as f32;
-            x.iter_mut().for_each(|v| *v = 1.0 / n);
-            return;
-        }
-        let mut sum = 0.0f32;
-        for v in x.iter_mut() {
-            *v = (*v - max).exp();
-            sum += *v;
-        }
-        let inv = 1.0 / sum;
-        x.iter_mut().for_each(|v| *v *= inv);
-    }
-}
+pub mod ops;
 
 /// One layer's weights, dequantized. Matrices are row-major `[out, in]` (GGUF `dims = [in, out]`).
+/// Fused matrices (Phi-3) are split into their parts by rows.
 struct CpuLayer {
     attn_norm: Vec<f32>,
     wq: Vec<f32>,
     wk: Vec<f32>,
     wv: Vec<f32>,
     bias: Option<[Vec<f32>; 3]>,
+    /// Per-head norms of Q and K.
+    qk_norm: Option<[Vec<f32>; 2]>,
     wo: Vec<f32>,
     ffn_norm: Vec<f32>,
     w_gate: Vec<f32>,
     w_up: Vec<f32>,
     w_down: Vec<f32>,
+    /// Post-attention and post-FFN norms.
+    post_norms: Option<[Vec<f32>; 2]>,
 }
 
 /// A whole model with f32 weights, for the reference forward pass.
@@ -274,17 +123,52 @@ impl CpuModel {
             } else {
                 None
             };
+            let hd = cfg.head_dim;
+            let qk_norm = if cfg.qk_norm {
+                Some([load(g, &n.attn_q_norm, hd)?, load(g, &n.attn_k_norm, hd)?])
+            } else {
+                None
+            };
+            let post_norms = if cfg.post_norms {
+                Some([
+                    load(g, &n.post_attention_norm, e)?,
+                    load(g, &n.post_ffw_norm, e)?,
+                ])
+            } else {
+                None
+            };
+            let (wq, wk, wv) = if cfg.fused_qkv {
+                let mut w = load(g, &n.attn_qkv, (q + 2 * kv) * e)?;
+                let wv = w.split_off((q + kv) * e);
+                let wk = w.split_off(q * e);
+                (w, wk, wv)
+            } else {
+                (
+                    load(g, &n.attn_q, q * e)?,
+                    load(g, &n.attn_k, kv * e)?,
+                    load(g, &n.attn_v, kv * e)?,
+                )
+            };
+            let (w_gate, w_up) = if cfg.fused_gate_up {
+                let mut w = load(g, &n.ffn_up, 2 * ff * e)?;
+                let up = w.split_off(ff * e);
+                (w, up)
+            } else {
+                (load(g, &n.ffn_gate, ff * e)?, load(g, &n.ffn_up, ff * e)?)
+            };
             layers.push(CpuLayer {
                 attn_norm: load(g, &n.attn_norm, e)?,
-                wq: load(g, &n.attn_q, q * e)?,
-                wk: load(g, &n.attn_k, kv * e)?,
-                wv: load(g, &n.attn_v, kv * e)?,
+                wq,
+                wk,
+                wv,
                 bias,
+                qk_norm,
                 wo: load(g, &n.attn_output, e * q)?,
                 ffn_norm: load(g, &n.ffn_norm, e)?,
-                w_gate: load(g, &n.ffn_gate, ff * e)?,
-                w_up: load(g, &n.ffn_up, ff * e)?,
+                w_gate,
+                w_up,
                 w_down: load(g, &n.ffn_down, e * ff)?,
+                post_norms,
             });
         }
         Ok(CpuModel {
@@ -369,6 +253,17 @@ impl CpuModel {
         }
         let (e, q_dim, kv_dim, ff) = (c.n_embd, c.q_dim(), c.kv_dim(), c.n_ff);
         let mut x = self.embedding(token)?.to_vec();
+        if let Some(s) = c.embd_scale {
+            x.iter_mut().for_each(|v| *v *= s);
+        }
+        let hd = c.head_dim;
+        let shape = AttnShape {
+            n_heads: c.n_heads,
+            n_kv_heads: c.n_kv_heads,
+            head_dim: hd,
+            scale: c.attn_scale,
+            softcap: c.attn_softcap,
+        };
 
         for (l, w) in self.layers.iter().enumerate() {
             // Attention block.
@@ -381,24 +276,21 @@ impl CpuModel {
                 add_assign(&mut k, bk);
                 add_assign(&mut v, bv);
             }
-            rope_inplace(
-                &mut q,
-                c.n_heads,
-                c.head_dim,
-                c.rope_dim,
-                pos,
-                c.rope_base,
-                c.rope_style,
-            );
-            rope_inplace(
-                &mut k,
-                c.n_kv_heads,
-                c.head_dim,
-                c.rope_dim,
-                pos,
-                c.rope_base,
-                c.rope_style,
-            );
+            if let Some([qn, kn]) = &w.qk_norm {
+                for head in q.chunks_exact_mut(hd) {
+                    let y = rmsnorm(head, qn, c.rms_eps);
+                    head.copy_from_slice(&y);
+                }
+                for head in k.chunks_exact_mut(hd) {
+                    let y = rmsnorm(head, kn, c.rms_eps);
+                    head.copy_from_slice(&y);
+                }
+            }
+            let rope = c.rope_of(l);
+            let freqs = rope.freqs(c.rope_dim, state.max_ctx);
+            let ms = rope.attn_factor;
+            rope_freqs_inplace(&mut q, c.n_heads, hd, &freqs, ms, pos, c.rope_style);
+            rope_freqs_inplace(&mut k, c.n_kv_heads, hd, &freqs, ms, pos, c.rope_style);
             let row = pos * kv_dim..(pos + 1) * kv_dim;
             if state.kv_f16 {
                 let round = |x: &f32| half::f16::from_f32(*x).to_f32();
@@ -407,28 +299,47 @@ impl CpuModel {
             }
             state.k_cache[l][row.clone()].copy_from_slice(&k);
             state.v_cache[l][row].copy_from_slice(&v);
-            let att = attention(
+            let first = match c.window_of(l) {
+                Some(win) => (pos + 1).saturating_sub(win as usize),
+                None => 0,
+            };
+            let att = attention_range(
                 &q,
                 &state.k_cache[l],
                 &state.v_cache[l],
-                c.n_heads,
-                c.n_kv_heads,
-                c.head_dim,
+                &shape,
+                first,
                 pos + 1,
             );
-            add_assign(&mut x, &matvec(&w.wo, e, q_dim, &att));
+            let mut o = matvec(&w.wo, e, q_dim, &att);
+            if let Some([pa, _]) = &w.post_norms {
+                o = rmsnorm(&o, pa, c.rms_eps);
+            }
+            add_assign(&mut x, &o);
 
             // Feed-forward block.
             let h = rmsnorm(&x, &w.ffn_norm, c.rms_eps);
             let gate = matvec(&w.w_gate, ff, e, &h);
             let up = matvec(&w.w_up, ff, e, &h);
-            add_assign(&mut x, &matvec(&w.w_down, e, ff, &swiglu(&gate, &up)));
+            let act = match c.ffn_act {
+                FfnAct::Silu => swiglu(&gate, &up),
+                FfnAct::GeluTanh => geglu(&gate, &up),
+            };
+            let mut d = matvec(&w.w_down, e, ff, &act);
+            if let Some([_, pf]) = &w.post_norms {
+                d = rmsnorm(&d, pf, c.rms_eps);
+            }
+            add_assign(&mut x, &d);
         }
         state.len = pos + 1;
 
         let h = rmsnorm(&x, &self.output_norm, c.rms_eps);
         let head = self.output.as_deref().unwrap_or(&self.token_embd);
-        Ok(matvec(head, c.vocab_size, e, &h))
+        let mut logits = matvec(head, c.vocab_size, e, &h);
+        if let Some(cap) = c.final_softcap {
+            softcap_inplace(&mut logits, cap);
+        }
+        Ok(logits)
     }
 
     /// Feed `prompt` from position 0, then generate `n` tokens greedily (argmax, ties to the

@@ -1,0 +1,159 @@
+//! The output head: the last rows normed and multiplied by the head (resident, or streamed in
+//! row chunks through two slots), the logits read back (and soft-capped when the model says so).
+
+use crate::flash::queue::Ticket;
+use crate::kernels;
+
+use super::trace::TID_HOST;
+use super::upload::{JobResult, OwnedReq};
+use super::{Engine, EngineError, Head};
+
+impl Engine {
+    /// The output head over the rows in `want`.
+    pub(super) fn head_pass(
+        &mut self,
+        t: usize,
+        want: &[usize],
+        on_logits: &mut dyn FnMut(usize, &[f32]),
+    ) -> Result<(), EngineError> {
+        if want.is_empty() {
+            self.ctx.wait()?;
+            return Ok(());
+        }
+        let vocab = self.cfg.vocab_size;
+        let row = (self.cfg.n_embd * 4) as u64;
+        let group = if want.len() == 1 {
+            1
+        } else {
+            self.plan.logit_rows
+        };
+        for rows in want.chunks(group) {
+            let multi = group > 1;
+            let mut enc = self.ctx.device.create_command_encoder(&Default::default());
+            for (j, &r) in rows.iter().enumerate() {
+                debug_assert!(r < t);
+                enc.copy_buffer_to_buffer(
+                    &self.bufs.x,
+                    r as u64 * row,
+                    &self.bufs.last,
+                    j as u64 * row,
+                    row,
+                );
+            }
+            let norm = if multi {
+                self.head_norm_rows.as_ref().unwrap_or(&self.head_norm)
+            } else {
+                &self.head_norm
+            };
+            kernels::record_all_with(&mut enc, std::slice::from_ref(norm), 1, self.profiler.as_mut());
+            let streamed = matches!(self.head, Head::Streamed { .. });
+            if let Head::Resident {
+                plan, rows_plan, ..
+            } = &self.head
+            {
+                let p = if multi { rows_plan } else { plan };
+                kernels::record_all_with(&mut enc, p, 1, self.profiler.as_mut());
+            }
+            self.submit(enc, "output norm".into());
+            if streamed {
+                self.stream_head(multi)?;
+            }
+            let n = if multi { group } else { 1 };
+            let mut enc = self.ctx.device.create_command_encoder(&Default::default());
+            enc.copy_buffer_to_buffer(
+                &self.bufs.logits,
+                0,
+                &self.bufs.readback,
+                0,
+                (n * vocab * 4) as u64,
+            );
+            self.ctx.queue.submit([enc.finish()]);
+            let th = self.tracer.now();
+            let bytes = self
+                .ctx
+                .read_mapped(&self.bufs.readback, (n * vocab * 4) as u64)?;
+            self.tracer.span("wait for logits", "wait", TID_HOST, th);
+            let mut logits: Vec<f32> = bytemuck::pod_collect_to_vec(&bytes);
+            if let Some(cap) = self.cfg.final_softcap {
+                logits.iter_mut().for_each(|v| *v = cap * (*v / cap).tanh());
+            }
+            for (j, &r) in rows.iter().enumerate() {
+                on_logits(r, &logits[j * vocab..(j + 1) * vocab]);
+            }
+        }
+        self.tracer.collect_gpu();
+        Ok(())
+    }
+
+    /// Output head in row chunks through two slots: chunk c + 2 is read while c computes.
+    fn stream_head(&mut self, multi: bool) -> Result<(), EngineError> {
+        let Head::Streamed {
+            slots,
+            plan,
+            rows_plan,
+        } = &self.head
+        else {
+            return Ok(());
+        };
+        let hp = &self.plan.head;
+        let rb = hp.layout.row_bytes as u64;
+        let rows = hp.layout.rows as u64;
+        let n_chunks = hp.n_chunks as usize;
+        let chunk_rows = hp.chunk_rows as u64;
+        let info_off = hp.info.offset;
+        let job = |c: usize| {
+            let r0 = c as u64 * chunk_rows;
+            let n = chunk_rows.min(rows - r0);
+            vec![OwnedReq {
+                src_offset: info_off + r0 * rb,
+                len: n * rb,
+                dst: slots[c % 2].buffer.clone(),
+                dst_offset: 0,
+            }]
+        };
+        let dispatches: Vec<&kernels::Dispatch> = if multi {
+            rows_plan.iter().collect()
+        } else {
+            plan.iter().collect()
+        };
+        let in_place = self.in_place;
+        let queue = |io: &super::upload::Uploader, reqs| {
+            if in_place {
+                io.weights_in_place(reqs, Vec::new())
+            } else {
+                io.weights(reqs, Vec::new())
+            }
+        };
+        let mut tickets: std::collections::VecDeque<Ticket<JobResult>> = Default::default();
+        for c in 0..n_chunks.min(2) {
+            tickets.push_back(queue(&self.io_, job(c)));
+        }
+        let mut encs = Vec::with_capacity(n_chunks);
+        for d in &dispatches {
+            let mut enc = self.ctx.device.create_command_encoder(&Default::default());
+            kernels::record_all_with(&mut enc, std::slice::from_ref(*d), 1, self.profiler.as_mut());
+            encs.push(enc);
+        }
+        for (c, enc) in encs.into_iter().enumerate() {
+            if let Some(tk) = tickets.pop_front() {
+                self.finish_job(tk, format!("read+upload output head chunk {c}"))?;
+            }
+            self.submit(enc, format!("output head chunk {c}"));
+            if c + 2 < n_chunks {
+                let Head::Streamed { slots, .. } = &self.head else {
+                    break;
+                };
+                let r0 = (c + 2) as u64 * chunk_rows;
+                let n = chunk_rows.min(rows - r0);
+                let req = vec![OwnedReq {
+                    src_offset: info_off + r0 * rb,
+                    len: n * rb,
+                    dst: slots[c % 2].buffer.clone(),
+                    dst_offset: 0,
+                }];
+                tickets.push_back(queue(&self.io_, req));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,309 @@
+//! Weight matrices on the device: their layout in parts of whole rows (each fitting one storage
+//! binding and one dispatch grid), uploads and slots, and the pieces a fused matrix's
+//! sub-matrices are computed in.
+
+use std::sync::Arc;
+
+use crate::gguf::GgmlType;
+use crate::gpu::{GpuBuffer, GpuContext};
+
+use super::{KernelError, MAX_WORKGROUPS, MM_ROWS_PER_WG};
+
+/// A weight matrix on the device, stored as in the file, split into parts of whole rows so each
+/// part fits one storage binding and one dispatch grid.
+pub struct GpuWeight {
+    pub ty: GgmlType,
+    pub rows: u32,
+    pub cols: u32,
+    pub row_bytes: u32,
+    /// (buffer, first row, row count)
+    /// (buffer, first row, rows); a buffer may be shared (a layer slot seen by several layers).
+    pub parts: Vec<(Arc<GpuBuffer>, u32, u32)>,
+}
+
+impl GpuWeight {
+    pub fn bytes(&self) -> u64 {
+        self.rows as u64 * self.row_bytes as u64
+    }
+}
+
+/// Bytes per stored row of a `cols`-wide matrix of type `ty`.
+pub fn row_bytes(ty: GgmlType, cols: u32) -> Option<u32> {
+    let b = ty.bytes_for(cols as u64)?;
+    u32::try_from(b).ok()
+}
+
+/// How a weight matrix is laid out on the device: its row size and its parts of whole rows,
+/// each fitting one storage binding and one dispatch grid. The one place rows are split: the
+/// execution plan sizes memory with it, uploads and layer slots allocate with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WeightLayout {
+    pub ty: GgmlType,
+    pub rows: u32,
+    pub cols: u32,
+    pub row_bytes: u32,
+    /// (first row, rows) of each part.
+    pub parts: Vec<(u32, u32)>,
+}
+
+impl WeightLayout {
+    /// Split `rows` x `cols` of type `ty` under a binding limit of `max_binding` bytes.
+    pub fn new(
+        label: &str,
+        ty: GgmlType,
+        rows: u32,
+        cols: u32,
+        max_binding: u64,
+    ) -> Result<Self, KernelError> {
+        let shape = |problem: String| KernelError::Shape {
+            kernel: "weights",
+            problem,
+        };
+        let rb =
+            row_bytes(ty, cols).ok_or_else(|| shape(format!("{label}: row size overflows")))?;
+        if !u64::from(cols).is_multiple_of(ty.block_len()) {
+            return Err(shape(format!(
+                "{label}: {cols} columns is not a multiple of the {ty} block length {}",
+                ty.block_len()
+            )));
+        }
+        let max_bind = max_binding.min(u32::MAX as u64);
+        if (rb as u64) + 16 > max_bind {
+            return Err(shape(format!(
+                "{label}: one row of {rb} bytes exceeds the binding limit {max_bind}"
+            )));
+        }
+        // Keep a little slack for the 2-byte over-reads of unaligned block formats.
+        let rows_fit = ((max_bind.saturating_sub(16)) / rb.max(1) as u64).max(1);
+        let rows_per_part = rows_fit.min((MAX_WORKGROUPS * MM_ROWS_PER_WG) as u64) as u32;
+        let mut parts = Vec::new();
+        let mut r0 = 0u32;
+        while r0 < rows {
+            let n = rows_per_part.min(rows - r0);
+            parts.push((r0, n));
+            r0 += n;
+        }
+        Ok(Self {
+            ty,
+            rows,
+            cols,
+            row_bytes: rb,
+            parts,
+        })
+    }
+
+    /// Bytes of part `i` as allocated (16-byte rounded, as the allocator rounds).
+    pub fn part_bytes(&self, i: usize) -> u64 {
+        let n = self.parts.get(i).map(|p| p.1).unwrap_or(0) as u64;
+        round16(n * self.row_bytes as u64)
+    }
+
+    /// Device bytes of all parts.
+    pub fn device_bytes(&self) -> u64 {
+        (0..self.parts.len()).map(|i| self.part_bytes(i)).sum()
+    }
+
+    /// Empty device buffers for the parts (a layer slot filled by uploads).
+    pub fn alloc(
+        &self,
+        ctx: &GpuContext,
+        label: &str,
+        mappable: bool,
+    ) -> Result<GpuWeight, KernelError> {
+        let mut parts = Vec::with_capacity(self.parts.len());
+        for (i, &(r0, n)) in self.parts.iter().enumerate() {
+            let name = format!("{label}[{r0}..]");
+            let buf = if mappable {
+                ctx.mappable_storage(&name, self.part_bytes(i))?
+            } else {
+                ctx.storage(&name, self.part_bytes(i))?
+            };
+            parts.push((Arc::new(buf), r0, n));
+        }
+        Ok(self.with_parts(parts))
+    }
+
+    /// Device buffers holding `data` (the stored bytes of all rows).
+    pub fn upload(
+        &self,
+        ctx: &GpuContext,
+        label: &str,
+        data: &[u8],
+    ) -> Result<GpuWeight, KernelError> {
+        let rb = self.row_bytes as usize;
+        if data.len() as u64 != self.rows as u64 * rb as u64 {
+            return Err(KernelError::Shape {
+                kernel: "upload_weight",
+                problem: format!(
+                    "{label}: {} bytes given, {} expected",
+                    data.len(),
+                    self.rows as u64 * rb as u64
+                ),
+            });
+        }
+        let mut parts = Vec::with_capacity(self.parts.len());
+        for &(r0, n) in &self.parts {
+            let a = r0 as usize * rb;
+            let b = a + n as usize * rb;
+            parts.push((
+                Arc::new(ctx.storage_with(&format!("{label}[{r0}..]"), &data[a..b])?),
+                r0,
+                n,
+            ));
+        }
+        Ok(self.with_parts(parts))
+    }
+
+    /// This layout over existing buffers (a layer slot sized for every layer that streams
+    /// through it): part `i` lives in `buffers[i]`.
+    pub fn view(&self, label: &str, buffers: &[Arc<GpuBuffer>]) -> Result<GpuWeight, KernelError> {
+        let mut parts = Vec::with_capacity(self.parts.len());
+        for (i, &(r0, n)) in self.parts.iter().enumerate() {
+            let b = buffers
+                .get(i)
+                .filter(|b| b.size >= self.part_bytes(i))
+                .ok_or_else(|| KernelError::Shape {
+                    kernel: "weights",
+                    problem: format!("{label}: part {i} does not fit its slot"),
+                })?;
+            parts.push((b.clone(), r0, n));
+        }
+        Ok(self.with_parts(parts))
+    }
+
+    fn with_parts(&self, parts: Vec<(Arc<GpuBuffer>, u32, u32)>) -> GpuWeight {
+        GpuWeight {
+            ty: self.ty,
+            rows: self.rows,
+            cols: self.cols,
+            row_bytes: self.row_bytes,
+            parts,
+        }
+    }
+}
+
+/// Pieces of rows `[lo, hi)` of a matrix split into `parts` ((first row, rows) each): for each,
+/// (part index, first row within the part, rows). A fused matrix's sub-matrix (Q, K or V of
+/// `attn_qkv`) is computed one piece per dispatch.
+pub fn row_pieces(parts: &[(u32, u32)], lo: u32, hi: u32) -> Vec<(usize, u32, u32)> {
+    let mut out = Vec::new();
+    for (i, &(r0, n)) in parts.iter().enumerate() {
+        let a = lo.max(r0);
+        let b = hi.min(r0.saturating_add(n));
+        if a < b {
+            out.push((i, a - r0, b - a));
+        }
+    }
+    out
+}
+
+/// One dispatch of a gated product whose gate rows `[0, n)` and up rows `[n, 2n)` share one
+/// matrix split into parts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PairedPiece {
+    /// Output rows `[out_row, out_row + rows)`.
+    pub out_row: u32,
+    pub rows: u32,
+    /// Part and first row within it of the gate rows, and of the up rows.
+    pub gate: (usize, u32),
+    pub up: (usize, u32),
+}
+
+/// The dispatches of a gated product over a matrix of `2 n` rows split into `parts`: output rows
+/// cut wherever a gate row or its up row crosses a part boundary.
+pub fn paired_pieces(parts: &[(u32, u32)], n: u32) -> Vec<PairedPiece> {
+    let mut cuts = vec![0, n];
+    for &(r0, _) in parts {
+        if r0 > 0 && r0 < n {
+            cuts.push(r0);
+        }
+        if r0 > n && r0 < 2 * n {
+            cuts.push(r0 - n);
+        }
+    }
+    cuts.sort_unstable();
+    cuts.dedup();
+    let locate = |r: u32| {
+        parts
+            .iter()
+            .position(|&(r0, k)| r >= r0 && r < r0.saturating_add(k))
+            .map(|i| (i, r - parts[i].0))
+    };
+    cuts.windows(2)
+        .filter_map(|w| {
+            Some(PairedPiece {
+                out_row: w[0],
+                rows: w[1] - w[0],
+                gate: locate(w[0])?,
+                up: locate(w[0] + n)?,
+            })
+        })
+        .collect()
+}
+
+fn round16(n: u64) -> u64 {
+    n.max(16).div_ceil(16) * 16
+}
+
+/// Upload a weight matrix (`rows` x `cols`, stored bytes `data`) as one or more parts.
+pub fn upload_weight(
+    ctx: &GpuContext,
+    label: &str,
+    ty: GgmlType,
+    rows: u32,
+    cols: u32,
+    data: &[u8],
+) -> Result<GpuWeight, KernelError> {
+    WeightLayout::new(label, ty, rows, cols, ctx.max_binding())?.upload(ctx, label, data)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn row_pieces_cover_a_range_once() {
+        // Parts of 100, 100 and 88 rows; Q = [0, 96), K = [96, 192), V = [192, 288).
+        let parts = [(0u32, 100u32), (100, 100), (200, 88)];
+        assert_eq!(row_pieces(&parts, 0, 96), vec![(0, 0, 96)]);
+        assert_eq!(row_pieces(&parts, 96, 192), vec![(0, 96, 4), (1, 0, 92)]);
+        assert_eq!(row_pieces(&parts, 192, 288), vec![(1, 92, 8), (2, 0, 88)]);
+        assert!(row_pieces(&parts, 50, 50).is_empty());
+    }
+
+    #[test]
+    fn paired_pieces_align_gate_and_up_rows() {
+        // 2 x 128 rows in parts of 160 and 96: up row r + 128 crosses at r = 32.
+        let parts = [(0u32, 160u32), (160, 96)];
+        let p = paired_pieces(&parts, 128);
+        assert_eq!(
+            p,
+            vec![
+                PairedPiece {
+                    out_row: 0,
+                    rows: 32,
+                    gate: (0, 0),
+                    up: (0, 128)
+                },
+                PairedPiece {
+                    out_row: 32,
+                    rows: 96,
+                    gate: (0, 32),
+                    up: (1, 0)
+                },
+            ]
+        );
+        // Every output row once, each gate row r and up row r + n inside their part.
+        let parts = [(0u32, 7u32), (7, 7), (14, 7), (21, 5)];
+        let p = paired_pieces(&parts, 13);
+        assert_eq!(p.iter().map(|x| x.rows).sum::<u32>(), 13);
+        for x in &p {
+            let inside = |(i, r): (usize, u32)| r + x.rows <= parts[i].1;
+            assert!(inside(x.gate) && inside(x.up), "{x:?}");
+            assert_eq!(parts[x.gate.0].0 + x.gate.1, x.out_row);
+            assert_eq!(parts[x.up.0].0 + x.up.1, x.out_row + 13);
+        }
+        // One part: one piece.
+        assert_eq!(paired_pieces(&[(0, 20)], 10).len(), 1);
+    }
+}
