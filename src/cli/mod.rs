@@ -1,4 +1,5 @@
-//! The command line: `run`, `chat`, `info`, `session-info`, `eval`, `bench`, `--list-adapters`.
+//! The command line: `run`, `chat`, `serve`, `info`, `session-info`, `eval`, `bench`,
+//! `--list-adapters`.
 //!
 //! A token's path starts here: [`run`] loads the model, starts the engine with the options
 //! [`engine_options`] builds from the flags, and streams the completion.
@@ -7,6 +8,7 @@ mod args;
 mod bench;
 mod eval;
 mod run;
+mod serve;
 
 use std::path::{Path, PathBuf};
 
@@ -148,6 +150,7 @@ pub fn main_with(cli: Cli) -> CliResult<()> {
         Some(Command::Chat(a)) => run::chat(&cli, a),
         Some(Command::Eval(e)) => eval::eval(&cli, e),
         Some(Command::Bench(b)) => bench::bench(&cli, b),
+        Some(Command::Serve(a)) => serve::serve(&cli, a),
     }
 }
 
