@@ -53,11 +53,18 @@ pub struct Busy {
 
 impl fmt::Display for Busy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "the server is busy: {} requests are already waiting; try again later",
-            self.queued
-        )
+        if self.queued == 0 {
+            write!(
+                f,
+                "the server is busy: every sequence is in use; try again later"
+            )
+        } else {
+            write!(
+                f,
+                "the server is busy: every sequence is in use and {} requests are waiting; try again later",
+                self.queued
+            )
+        }
     }
 }
 

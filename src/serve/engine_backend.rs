@@ -21,7 +21,8 @@ use crate::sampling::Sampler;
 pub struct EngineBackendOptions {
     /// Worker threads, each with its own engine: sequences generated at once.
     pub workers: usize,
-    /// Requests that may wait for a worker; more are refused with [`Busy`].
+    /// Requests that may wait for a busy worker; more are refused with [`Busy`] (0: a request
+    /// is taken only when a worker is free).
     pub queue: usize,
     /// Tokens that end a generation (the tokenizer's end-of-generation ids).
     pub end_ids: Vec<u32>,
@@ -166,8 +167,14 @@ fn worker_loop(shared: &Shared, engine: &mut Engine, opts: &EngineBackendOptions
                 q = shared.wake.wait(q).unwrap_or_else(|e| e.into_inner());
             }
         };
-        run_job(engine, job, opts, c, &mut last_flash);
-        c.running.fetch_sub(1, Ordering::AcqRel);
+        let (tx, last) = run_job(engine, job, opts, c, &mut last_flash);
+        // Free before answering, so a client that sends its next request as soon as it has
+        // this answer finds the worker free.
+        {
+            let _q = shared.lock();
+            c.running.fetch_sub(1, Ordering::AcqRel);
+        }
+        let _ = tx.send(last);
     }
 }
 
@@ -177,24 +184,24 @@ fn run_job(
     opts: &EngineBackendOptions,
     c: &Counters,
     last_flash: &mut u64,
-) {
+) -> (Sender<GenEvent>, GenEvent) {
     let Job { req, tx } = job;
     let cancel = req.cancel.clone();
     if cancel.load(Ordering::Acquire) {
-        let _ = tx.send(GenEvent::Done {
+        let done = GenEvent::Done {
             finish: Finish::Cancelled,
-        });
-        return;
+        };
+        return (tx, done);
     }
     let ids = &req.prompt;
     let max_ctx = engine.max_ctx();
     if ids.is_empty() || ids.len() >= max_ctx {
-        let _ = tx.send(GenEvent::Error(format!(
+        let e = GenEvent::Error(format!(
             "the prompt has {} tokens; it must have from 1 to {} (the context holds {max_ctx})",
             ids.len(),
             max_ctx.saturating_sub(1)
-        )));
-        return;
+        ));
+        return (tx, e);
     }
     let common = if opts.reuse_prefix {
         engine
@@ -239,23 +246,24 @@ fn run_job(
     c.flash
         .fetch_add(now.saturating_sub(*last_flash), Ordering::Relaxed);
     *last_flash = now;
-    match result {
-        Ok(_) => {
-            if finish == Finish::Length && cancel.load(Ordering::Acquire) {
-                finish = Finish::Cancelled;
-            }
-            let _ = tx.send(GenEvent::Done { finish });
-        }
-        Err(e) => {
-            // The cache may hold a partial batch: start the next request from scratch.
-            engine.reset();
-            let _ = tx.send(GenEvent::Error(e.to_string()));
-        }
-    }
     log::debug!(
         "request done: {} prompt tokens ({common} reused), {count} generated",
         ids.len()
     );
+    let last = match result {
+        Ok(_) => {
+            if finish == Finish::Length && cancel.load(Ordering::Acquire) {
+                finish = Finish::Cancelled;
+            }
+            GenEvent::Done { finish }
+        }
+        Err(e) => {
+            // The cache may hold a partial batch: start the next request from scratch.
+            engine.reset();
+            GenEvent::Error(e.to_string())
+        }
+    };
+    (tx, last)
 }
 
 impl Backend for EngineBackend {
@@ -265,7 +273,11 @@ impl Backend for EngineBackend {
             let mut q = self.shared.lock();
             // Drop waiting requests whose clients have gone, so they do not hold places.
             q.retain(|j| !j.req.cancel.load(Ordering::Acquire));
-            if q.len() >= self.shared.cap {
+            // Workers count themselves running under this lock, so this is exact: a request
+            // is taken when a worker is free for it or a place in the queue is.
+            let running = self.shared.counters.running.load(Ordering::Acquire);
+            let free = self.capacity.saturating_sub(running);
+            if q.len() >= self.shared.cap.saturating_add(free) {
                 return Err(Busy { queued: q.len() });
             }
             q.push_back(Job { req, tx });

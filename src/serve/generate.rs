@@ -140,8 +140,11 @@ pub async fn run(
                         return;
                     }
                     if ts.stopped() {
-                        // Enough text: free the sequence now.
+                        // Enough text: free the sequence, and answer once it is free (within a
+                        // token), so the next request of this client finds it free.
                         cancel.store(true, Ordering::Release);
+                        let wait = deadline.saturating_duration_since(Instant::now());
+                        while let Ok(GenEvent::Token(_)) = rx.recv_timeout(wait) {}
                         send(Out::End {
                             finish: "stop",
                             completion_tokens: count,

@@ -40,7 +40,7 @@ pub struct Server {
     pub child: Child,
     pub addr: SocketAddr,
     /// Lines the server printed on stderr.
-    pub log: mpsc::Receiver<String>,
+    pub log: std::sync::Mutex<mpsc::Receiver<String>>,
 }
 
 impl Server {
@@ -93,7 +93,7 @@ impl Server {
         let mut s = Server {
             child,
             addr,
-            log: rx,
+            log: std::sync::Mutex::new(rx),
         };
         loop {
             if let Ok(r) = s.try_request("GET", "/health", &[], b"")
