@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The test command: installs what the tests need (a Vulkan driver, lavapipe when no GPU driver
-# is present, and the default model), then runs the whole suite and prints one total line.
+# is present, the default model, and for the server tests the openai Python client and
+# Chromium), then runs the whole suite and prints one total line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup-gpu.sh
 scripts/fetch-model.sh
+scripts/setup-serve-tests.sh
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 set +e

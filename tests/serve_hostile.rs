@@ -187,7 +187,7 @@ fn concurrent_connections(s: &mut Server) {
         match r.status {
             200 => {
                 let v = r.json();
-                assert_eq!(v["usage"]["completion_tokens"].as_u64().unwrap() <= 4, true);
+                assert!(v["usage"]["completion_tokens"].as_u64().unwrap() <= 4);
                 ok += 1;
             }
             429 => {
@@ -200,7 +200,7 @@ fn concurrent_connections(s: &mut Server) {
     }
     eprintln!("64 concurrent connections: {ok} answered, {busy} refused as busy");
     assert!(
-        ok >= 1 + 2,
+        ok > 2,
         "at least the running and queued requests are answered"
     );
 }

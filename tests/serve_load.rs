@@ -21,7 +21,7 @@ const LIMIT: Duration = Duration::from_secs(600);
 /// Request `i` of the distinct set: completions and chats with different lengths and limits.
 fn request(i: usize) -> (&'static str, Value) {
     let max_tokens = 4 + (i * 7) % 21;
-    if i % 2 == 0 {
+    if i.is_multiple_of(2) {
         let prompt = format!(
             "Item {i}: the {} of",
             ["cat", "sea", "moon", "tree", "road"][i % 5]

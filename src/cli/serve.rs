@@ -75,6 +75,12 @@ pub fn serve(cli: &Cli, a: &ServeArgs) -> CliResult<()> {
             .map_err(|e| format!("cannot listen on {}:{}: {e}", a.host, a.port))?;
         let addr = listener.local_addr()?;
         eprintln!("flashlm serve: listening on http://{addr}");
+        if !addr.ip().is_loopback() && config.api_key.is_none() {
+            eprintln!(
+                "warning: listening on {} without --api-key: anyone who can reach it can use the model",
+                addr.ip()
+            );
+        }
         let state = AppState::new(config);
         let (tx, rx) = tokio::sync::oneshot::channel();
         let cli2 = Cli {

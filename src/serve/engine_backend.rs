@@ -167,7 +167,7 @@ fn worker_loop(shared: &Shared, engine: &mut Engine, opts: &EngineBackendOptions
                 q = shared.wake.wait(q).unwrap_or_else(|e| e.into_inner());
             }
         };
-        let (tx, last) = run_job(engine, job, opts, c, &mut last_flash);
+        let (tx, last) = run_job(engine, job, opts, shared, &mut last_flash);
         // Free before answering, so a client that sends its next request as soon as it has
         // this answer finds the worker free.
         {
@@ -182,9 +182,10 @@ fn run_job(
     engine: &mut Engine,
     job: Job,
     opts: &EngineBackendOptions,
-    c: &Counters,
+    shared: &Shared,
     last_flash: &mut u64,
 ) -> (Sender<GenEvent>, GenEvent) {
+    let c = &shared.counters;
     let Job { req, tx } = job;
     let cancel = req.cancel.clone();
     if cancel.load(Ordering::Acquire) {
@@ -235,7 +236,11 @@ fn run_job(
             }
             c.generated.fetch_add(1, Ordering::Relaxed);
             count += 1;
-            if cancel.load(Ordering::Acquire) || tx.send(GenEvent::Token(id)).is_err() {
+            // The backend shutting down ends generations too.
+            if cancel.load(Ordering::Acquire)
+                || shared.shutdown.load(Ordering::Acquire)
+                || tx.send(GenEvent::Token(id)).is_err()
+            {
                 finish = Finish::Cancelled;
                 return false;
             }
