@@ -249,6 +249,29 @@ fn the_http_layer_over_a_scripted_backend() {
         t.elapsed()
     );
 
+    // A client that gives up on a whole (not streamed) answer: cancelled too.
+    let body = r#"{"prompt": "x", "max_tokens": 20}"#;
+    let mut c = TcpStream::connect(a).unwrap();
+    write!(
+        c,
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    wait_until("the request runs", || {
+        backend.running.load(Ordering::Acquire) == 1
+    });
+    let t = Instant::now();
+    drop(c);
+    wait_until("the hang-up cancels", || {
+        cancelled.load(Ordering::Acquire) == 5
+    });
+    assert!(
+        t.elapsed() < Duration::from_millis(400),
+        "{:?}",
+        t.elapsed()
+    );
+
     // While one request runs, the scripted backend is full: 429.
     let a2 = a;
     let long = std::thread::spawn(move || {

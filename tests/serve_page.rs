@@ -1,5 +1,6 @@
-//! The chat page at `/` in headless Chromium: a message sent on load (`?q=`) streams its reply
-//! into the page, and the reply is the one the API gives for the same conversation. Skipped
+//! The chat page at `/` in headless Chromium (driven by tests/serve/page_check.py): a message
+//! sent on load (`?q=`) streams its reply into the page, and the reply is the one the API gives
+//! for the same conversation. Skipped
 //! with a note when Chromium is absent, except under CI (scripts/test.sh installs it).
 mod common;
 #[path = "serve/harness.rs"]
@@ -32,16 +33,6 @@ fn chromium() -> Option<PathBuf> {
     found
 }
 
-/// Undo the escapes of HTML text serialization.
-fn unescape(s: &str) -> String {
-    s.replace("&lt;", "<")
-        .replace("&gt;", ">")
-        .replace("&quot;", "\"")
-        .replace("&#39;", "'")
-        .replace("&nbsp;", "\u{a0}")
-        .replace("&amp;", "&")
-}
-
 #[test]
 fn the_chat_page_streams_a_reply_into_the_dom() {
     if common::gpu().is_none() {
@@ -67,41 +58,32 @@ fn the_chat_page_streams_a_reply_into_the_dom() {
                 "max_tokens": 12}),
     );
     let want = want.json()["choices"][0].clone();
+    // Chromium, driven over the DevTools protocol, loads the page and polls it until the
+    // scripted message has its answer.
     let profile = dir.join("chromium-profile");
     let url = format!(
         "{}/?q=hello%20there&temperature=0&max_tokens=12",
         server.url()
     );
-    let out = Command::new(chrome)
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-background-networking",
-            "--no-first-run",
-            "--virtual-time-budget=60000",
-            "--dump-dom",
-        ])
-        .arg(format!("--user-data-dir={}", profile.display()))
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/serve/page_check.py");
+    let py = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    let out = Command::new(py)
+        .arg(script)
+        .arg(&chrome)
         .arg(&url)
+        .arg(&profile)
+        .arg("120")
         .output()
         .unwrap();
-    let dom = String::from_utf8_lossy(&out.stdout);
+    let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
-        "{}",
+        "the page gave no answer: {stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    // The page writes the outcome into <pre id="result">.
-    let result = dom
-        .split("<pre id=\"result\"")
-        .nth(1)
-        .and_then(|r| r.split_once('>'))
-        .and_then(|(_, r)| r.split_once("</pre>"))
-        .map(|(r, _)| unescape(r))
-        .unwrap_or_else(|| panic!("no result in the page:\n{dom}"));
-    let got: Value = serde_json::from_str(&result).unwrap();
-    assert_eq!(got["ok"], true, "{got}");
+    let seen: Value = serde_json::from_str(stdout.trim()).unwrap();
+    let got = &seen["result"];
+    assert_eq!(got["ok"], true, "{seen}");
     assert_eq!(
         got["text"], want["message"]["content"],
         "page reply vs API reply"
@@ -111,10 +93,8 @@ fn the_chat_page_streams_a_reply_into_the_dom() {
         got["chunks"].as_u64().unwrap() > 1,
         "the reply came in one piece: {got}"
     );
-    // The reply is in the conversation, marked done.
-    assert!(dom.contains("data-state=\"done\""), "{dom}");
-    assert!(
-        dom.contains("<span class=\"content\">hello there</span>"),
-        "{dom}"
-    );
+    // The conversation on the page: the message sent, the reply shown, marked done.
+    assert_eq!(seen["user"], json!(["hello there"]));
+    assert_eq!(seen["reply"], want["message"]["content"]);
+    assert_eq!(seen["state"], ",done");
 }
