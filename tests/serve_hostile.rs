@@ -52,6 +52,23 @@ fn malformed_and_wrong_types(s: &mut Server) {
     let r = s.request("POST", "/v1/completions", &h, br#"{"prompt": ["a", "b"]}"#);
     let e = r.expect_error(400);
     assert!(e["message"].as_str().unwrap().contains("one prompt"), "{e}");
+    // A body not declared as JSON (what a cross-site form or text post would send).
+    for ct in [
+        None,
+        Some("text/plain"),
+        Some("application/x-www-form-urlencoded"),
+    ] {
+        let hs: Vec<(&str, &str)> = ct.map(|c| ("Content-Type", c)).into_iter().collect();
+        let r = s.request("POST", "/v1/completions", &hs, br#"{"prompt": "a"}"#);
+        assert_eq!(r.expect_error(415)["code"], "unsupported_media_type");
+    }
+    let r = s.request(
+        "POST",
+        "/v1/completions",
+        &[("Content-Type", "Application/JSON; charset=utf-8")],
+        br#"{"prompt": "a", "max_tokens": 1}"#,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
     // Unknown paths and methods.
     s.request("GET", "/v1/nothing", &[], b"").expect_error(404);
     s.request("GET", "/v1/chat/completions", &[], b"")
@@ -61,12 +78,17 @@ fn malformed_and_wrong_types(s: &mut Server) {
 fn huge_bodies(s: &mut Server) {
     // Declared too large: refused before the body is read.
     let big = vec![b' '; 2 << 20];
-    let r = s.request("POST", "/v1/completions", &[], &big);
+    let r = s.request(
+        "POST",
+        "/v1/completions",
+        &[("Content-Type", "application/json")],
+        &big,
+    );
     r.expect_error(413);
     // Chunked, with no length given: cut at the limit.
     let mut c = TcpStream::connect(s.addr).unwrap();
     c.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    c.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n")
+    c.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
         .unwrap();
     let chunk = vec![b'a'; 64 << 10];
     for _ in 0..40 {
@@ -171,7 +193,7 @@ fn concurrent_connections(s: &mut Server) {
                 c.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
                 write!(
                     c,
-                    "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+                    "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
                     body.len()
                 )
                 .unwrap();
@@ -223,7 +245,10 @@ fn api_key_is_required() {
     let r = s.request(
         "POST",
         "/v1/completions",
-        &[("Authorization", "Bearer s3cret")],
+        &[
+            ("Authorization", "Bearer s3cret"),
+            ("Content-Type", "application/json"),
+        ],
         body.as_bytes(),
     );
     assert_eq!(r.status, 200, "{}", r.text());

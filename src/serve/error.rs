@@ -57,6 +57,17 @@ impl ApiError {
         .with_code("request_too_large")
     }
 
+    /// 415: the body is not declared as JSON. (Browsers send other pages' cross-site form and
+    /// text posts without asking first; requiring JSON makes them ask, and be refused.)
+    pub fn not_json() -> Self {
+        Self::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "invalid_request_error",
+            "send the body as JSON, with `Content-Type: application/json`",
+        )
+        .with_code("unsupported_media_type")
+    }
+
     pub fn unauthorized() -> Self {
         Self::new(
             StatusCode::UNAUTHORIZED,

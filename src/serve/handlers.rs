@@ -130,8 +130,17 @@ async fn models(State(st): State<Arc<AppState>>) -> Result<Response, ApiError> {
 const DRAIN_BYTES: u64 = 16 << 20;
 const DRAIN_TIME: Duration = Duration::from_secs(5);
 
-/// The body, at most `max_body` bytes (413 beyond), read within the request time limit.
+/// The body, declared as JSON (415 otherwise), at most `max_body` bytes (413 beyond), read
+/// within the request time limit.
 async fn read_body(st: &AppState, headers: &HeaderMap, body: Body) -> Result<Vec<u8>, ApiError> {
+    let json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json"));
+    if !json {
+        return Err(ApiError::not_json());
+    }
     let limit = st.config.max_body;
     let declared = headers
         .get(header::CONTENT_LENGTH)
