@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test command: installs what the tests need (a Vulkan driver, lavapipe when no GPU driver
-# is present, the default model, and the NumPy oracle's Python packages), then runs the whole
-# suite and prints one total line.
+# is present, the default model, the oracles' Python packages, and for the server tests the
+# openai Python client and Chromium), then runs the whole suite and prints one total line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup-gpu.sh
@@ -27,6 +27,7 @@ else
     python3 -m pip install --quiet --user --break-system-packages "gguf==$GGUF_PY" "numpy==$NUMPY_PY"
   export FLASHLM_PYTHON=python3
 fi
+scripts/setup-serve-tests.sh
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 set +e

@@ -18,3 +18,4 @@ pub mod model;
 pub mod paths;
 pub mod plan;
 pub mod sampling;
+pub mod serve;

@@ -44,11 +44,12 @@ struct Oracle {
 
 /// Whether the oracle can run: python3 with gguf and numpy (panics under CI when not).
 fn oracle_available() -> bool {
-    let ok = Command::new(std::env::var("FLASHLM_PYTHON").unwrap_or_else(|_| "python3".to_string()))
-        .args(["-c", "import gguf, numpy"])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
+    let ok =
+        Command::new(std::env::var("FLASHLM_PYTHON").unwrap_or_else(|_| "python3".to_string()))
+            .args(["-c", "import gguf, numpy"])
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false);
     if !ok {
         if common::in_ci() {
             panic!("CI=true but python3 with the gguf and numpy packages is missing");
@@ -61,14 +62,15 @@ fn oracle_available() -> bool {
 fn run_oracle(model: &Path, prompt: &[u32], ctx: usize) -> Oracle {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/oracle/arch_forward.py");
     let tokens: Vec<String> = prompt.iter().map(|t| t.to_string()).collect();
-    let out = Command::new(std::env::var("FLASHLM_PYTHON").unwrap_or_else(|_| "python3".to_string()))
-        .arg(script)
-        .arg(model)
-        .args(["--tokens", &tokens.join(",")])
-        .args(["--steps", &STEPS.to_string(), "--ctx", &ctx.to_string()])
-        .arg("--kv-f16")
-        .output()
-        .expect("run the oracle");
+    let out =
+        Command::new(std::env::var("FLASHLM_PYTHON").unwrap_or_else(|_| "python3".to_string()))
+            .arg(script)
+            .arg(model)
+            .args(["--tokens", &tokens.join(",")])
+            .args(["--steps", &STEPS.to_string(), "--ctx", &ctx.to_string()])
+            .arg("--kv-f16")
+            .output()
+            .expect("run the oracle");
     assert!(
         out.status.success(),
         "oracle failed: {}",

@@ -109,6 +109,9 @@ fn attention_rate(ctx: &GpuContext, cfg: &crate::model::config::ModelConfig) -> 
         table_base: 0,
         seq_stride: 4 + 2 * pages,
         round_splits: keys / kernels::ATTN_SPLIT_KEYS,
+        scale: 0.0,
+        softcap: 0.0,
+        window: 0,
     };
     let page_bytes = 2 * page as u64 * kv_dim as u64 * 2;
     let pool = ctx.storage("pool", pages as u64 * page_bytes)?;

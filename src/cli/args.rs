@@ -74,6 +74,9 @@ pub enum Command {
     Bench(BenchArgs),
     /// Write a llama GGUF of any shape with seeded random weights (streamed to disk).
     Synth(super::synth::SynthArgs),
+    /// An OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, /v1/models,
+    /// /health, /metrics) with a chat page at /.
+    Serve(ServeArgs),
 }
 
 fn bounded(s: &str, what: &str, lo: u64, hi: u64) -> Result<u64, String> {
@@ -108,6 +111,21 @@ bounded_parser!(parse_last_n, usize, "--repeat-last-n", 0, 1 << 22);
 bounded_parser!(parse_runs, usize, "--runs", 1, 1000);
 bounded_parser!(parse_chunks, usize, "--chunks", 1, 1 << 20);
 bounded_parser!(parse_tokens, usize, "token count", 1, 1 << 22);
+bounded_parser!(parse_port, u16, "--port", 0, 65535);
+bounded_parser!(parse_parallel, usize, "--parallel", 1, 64);
+bounded_parser!(parse_queue, usize, "--queue", 0, 1 << 16);
+bounded_parser!(parse_max_prompt, usize, "--max-prompt-tokens", 1, 1 << 22);
+bounded_parser!(parse_max_tokens, usize, "--max-tokens", 1, 1 << 22);
+bounded_parser!(parse_timeout, u64, "--timeout", 1, 7 * 24 * 3600);
+bounded_parser!(parse_connections, usize, "--max-connections", 1, 1 << 16);
+
+fn parse_body_size(s: &str) -> Result<u64, String> {
+    let v = crate::flash::parse_size(s)?;
+    if !(1..=1 << 30).contains(&v) {
+        return Err(format!("--max-body must be from 1 byte to 1GiB, got {s:?}"));
+    }
+    Ok(v)
+}
 
 pub fn parse_size_arg(s: &str) -> Result<u64, String> {
     crate::flash::parse_size(s)
@@ -425,4 +443,41 @@ pub enum BenchKind {
         #[arg(long)]
         plot: Option<PathBuf>,
     },
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Address to listen on (127.0.0.1: this machine only).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on (0: any free port; the address is printed).
+    #[arg(long, default_value = "8080", value_parser = parse_port)]
+    pub port: u16,
+    /// Require `Authorization: Bearer KEY` on /v1/* and /metrics.
+    #[arg(long, env = "FLASHLM_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Sequences generated at once, each on its own engine (a --gpu-budget is shared
+    /// equally among them).
+    #[arg(long, default_value = "1", value_parser = parse_parallel)]
+    pub parallel: usize,
+    /// Requests that may wait for a free sequence; beyond them, 429 at once.
+    #[arg(long, default_value = "16", value_parser = parse_queue)]
+    pub queue: usize,
+    /// Largest request body, e.g. 1MiB (413 beyond).
+    #[arg(long, default_value = "1MiB", value_parser = parse_body_size)]
+    pub max_body: u64,
+    /// Most prompt tokens per request (default: what the context holds).
+    #[arg(long, value_parser = parse_max_prompt)]
+    pub max_prompt_tokens: Option<usize>,
+    /// Most tokens a request may generate; also the default when it gives no max_tokens.
+    #[arg(long, default_value = "1024", value_parser = parse_max_tokens)]
+    pub max_tokens: usize,
+    /// Seconds a request may take, queueing included.
+    #[arg(long, default_value = "600", value_parser = parse_timeout)]
+    pub timeout: u64,
+    /// Open connections at once; more are closed at once.
+    #[arg(long, default_value = "256", value_parser = parse_connections)]
+    pub max_connections: usize,
 }

@@ -1,4 +1,4 @@
-//! The command line: `run`, `chat`, `info`, `session-info`, `eval`, `bench`, `synth`,
+//! The command line: `run`, `chat`, `serve`, `info`, `session-info`, `eval`, `bench`, `synth`,
 //! `--list-adapters`.
 //!
 //! A token's path starts here: [`run`] loads the model, starts the engine with the options
@@ -8,6 +8,7 @@ mod args;
 mod bench;
 mod eval;
 mod run;
+mod serve;
 mod synth;
 
 use std::path::{Path, PathBuf};
@@ -242,6 +243,7 @@ pub fn main_with(cli: Cli) -> CliResult<()> {
         Some(Command::Eval(e)) => eval::eval(&cli, e),
         Some(Command::Bench(b)) => bench::bench(&cli, b),
         Some(Command::Synth(a)) => synth::synth(a),
+        Some(Command::Serve(a)) => serve::serve(&cli, a),
     }
 }
 

@@ -45,7 +45,12 @@ impl Engine {
             } else {
                 &self.head_norm
             };
-            kernels::record_all_with(&mut enc, std::slice::from_ref(norm), 1, self.profiler.as_mut());
+            kernels::record_all_with(
+                &mut enc,
+                std::slice::from_ref(norm),
+                1,
+                self.profiler.as_mut(),
+            );
             let streamed = matches!(self.head, Head::Streamed { .. });
             if let Head::Resident {
                 plan, rows_plan, ..
@@ -131,7 +136,12 @@ impl Engine {
         let mut encs = Vec::with_capacity(n_chunks);
         for d in &dispatches {
             let mut enc = self.ctx.device.create_command_encoder(&Default::default());
-            kernels::record_all_with(&mut enc, std::slice::from_ref(*d), 1, self.profiler.as_mut());
+            kernels::record_all_with(
+                &mut enc,
+                std::slice::from_ref(*d),
+                1,
+                self.profiler.as_mut(),
+            );
             encs.push(enc);
         }
         for (c, enc) in encs.into_iter().enumerate() {

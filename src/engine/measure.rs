@@ -92,12 +92,12 @@ impl Engine {
         for l in &self.layers {
             if let Some(m) = &l.mats {
                 for w in m.all() {
-                    parts.extend(w.parts.iter().map(|p| &p.0));
+                    parts.extend(w.parts.iter().map(|p| &*p.0));
                 }
             }
         }
         if let Head::Resident { w, .. } = &self.head {
-            parts.extend(w.parts.iter().map(|p| &p.0));
+            parts.extend(w.parts.iter().map(|p| &*p.0));
         }
         // About 16 words per thread: enough workgroups to fill a device, few enough that
         // starting them costs little; each writes one word.
