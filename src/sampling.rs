@@ -104,6 +104,76 @@ impl Sampler {
     /// Pick the next token from `logits`; `history` is the tokens so far (prompt included), used
     /// by the repetition penalty. Panics only if `logits` is empty.
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
+        let d = self.distribution(logits, history);
+        self.draw(&d)
+    }
+
+    /// Accept or replace a drafted token (speculative sampling with a draft that proposes
+    /// `draft` with certainty): the draft is kept with probability p(draft); otherwise a token
+    /// is drawn from p with the draft removed (renormalised). The output is distributed as p
+    /// whatever the draft. Greedy: the draft is kept when it is the argmax. Returns the token and
+    /// whether it is the draft.
+    pub fn speculate(&mut self, logits: &[f32], history: &[u32], draft: u32) -> (u32, bool) {
+        let d = self.distribution(logits, history);
+        match d {
+            Dist::Greedy(best) => (best, best == draft),
+            Dist::Weights {
+                ref ids,
+                ref weights,
+                total,
+            } => {
+                let pd = ids
+                    .iter()
+                    .zip(weights)
+                    .find(|(i, _)| **i == draft)
+                    .map_or(0.0, |(_, w)| w / total);
+                if pd > 0.0 && self.rng.next_f64() < pd {
+                    return (draft, true);
+                }
+                let rest: Vec<(u32, f64)> = ids
+                    .iter()
+                    .copied()
+                    .zip(weights.iter().copied())
+                    .filter(|(i, _)| *i != draft)
+                    .collect();
+                if rest.is_empty() {
+                    return (draft, true);
+                }
+                let t: f64 = rest.iter().map(|r| r.1).sum();
+                (self.pick(&rest, t), false)
+            }
+        }
+    }
+
+    fn pick(&mut self, items: &[(u32, f64)], total: f64) -> u32 {
+        let r = self.rng.next_f64() * total;
+        let mut cum = 0.0;
+        for &(id, w) in items {
+            cum += w;
+            if r < cum {
+                return id;
+            }
+        }
+        items[items.len() - 1].0
+    }
+
+    fn draw(&mut self, d: &Dist) -> u32 {
+        match d {
+            Dist::Greedy(b) => *b,
+            Dist::Weights {
+                ids,
+                weights,
+                total,
+            } => {
+                let items: Vec<(u32, f64)> =
+                    ids.iter().copied().zip(weights.iter().copied()).collect();
+                self.pick(&items, *total)
+            }
+        }
+    }
+
+    /// The distribution the next token is drawn from: steps 1-5 above.
+    pub fn distribution(&mut self, logits: &[f32], history: &[u32]) -> Dist {
         assert!(!logits.is_empty(), "sample: empty logits");
         let p = &self.params;
         let mut cand = std::mem::take(&mut self.cand);
@@ -142,7 +212,7 @@ impl Sampler {
                 .min_by(by_logit_desc)
                 .map_or(0, |c| c.1);
             self.cand = cand;
-            return best;
+            return Dist::Greedy(best);
         }
 
         // 3. Top-k: partition around the k-th best, then sort the kept part.
@@ -171,7 +241,7 @@ impl Sampler {
                 .min_by(by_logit_desc)
                 .map_or(0, |c| c.1);
             self.cand = cand;
-            return best;
+            return Dist::Greedy(best);
         }
         let inv_t = 1.0 / temp as f64;
         let mut weights: Vec<f64> = cand
@@ -197,20 +267,25 @@ impl Sampler {
             total = weights.iter().sum();
         }
 
-        // 6. Draw.
-        let r = self.rng.next_f64() * total;
-        let mut cum = 0.0;
-        let mut chosen = cand[cand.len() - 1].1;
-        for (c, w) in cand.iter().zip(&weights) {
-            cum += w;
-            if r < cum {
-                chosen = c.1;
-                break;
-            }
-        }
+        let ids: Vec<u32> = cand.iter().map(|c| c.1).collect();
         self.cand = cand;
-        chosen
+        Dist::Weights {
+            ids,
+            weights,
+            total,
+        }
     }
+}
+
+/// A token distribution: certain (greedy), or weights over candidate ids.
+#[derive(Debug, Clone)]
+pub enum Dist {
+    Greedy(u32),
+    Weights {
+        ids: Vec<u32>,
+        weights: Vec<f64>,
+        total: f64,
+    },
 }
 
 #[cfg(test)]
@@ -390,5 +465,53 @@ mod tests {
             ..SamplerParams::default()
         });
         assert!(s.sample(&[0.0, 1.0], &[7, 99_999]) < 2);
+    }
+
+    #[test]
+    fn speculative_acceptance_preserves_the_distribution() {
+        // p over 6 tokens after temperature; drafts of a likely, an unlikely and an excluded
+        // token: the output frequencies must equal p whatever the draft.
+        let logits = [2.0f32, 1.0, 0.5, 0.0, -1.0, -30.0];
+        let mut probe = Sampler::new(params(1.0, 0, 1.0, 1));
+        let Dist::Weights {
+            ids,
+            weights,
+            total,
+        } = probe.distribution(&logits, &[])
+        else {
+            panic!("expected weights");
+        };
+        let mut want = [0f64; 6];
+        for (i, w) in ids.iter().zip(&weights) {
+            want[*i as usize] = w / total;
+        }
+        let n = 200_000;
+        for draft in [0u32, 3, 5] {
+            let mut s = Sampler::new(params(1.0, 0, 1.0, 7 + draft as u64));
+            let mut count = [0u64; 6];
+            let mut accepted = 0;
+            for _ in 0..n {
+                let (t, ok) = s.speculate(&logits, &[], draft);
+                count[t as usize] += 1;
+                accepted += ok as u64;
+            }
+            for k in 0..6 {
+                let f = count[k] as f64 / n as f64;
+                // 5 standard deviations of a binomial frequency.
+                let sd = (want[k] * (1.0 - want[k]) / n as f64).sqrt();
+                assert!(
+                    (f - want[k]).abs() <= 5.0 * sd + 1e-9,
+                    "draft {draft}: token {k} frequency {f} vs p {}",
+                    want[k]
+                );
+            }
+            let fa = accepted as f64 / n as f64;
+            let sd = (want[draft as usize] * (1.0 - want[draft as usize]) / n as f64).sqrt();
+            assert!((fa - want[draft as usize]).abs() <= 5.0 * sd + 1e-9);
+        }
+        // Greedy: kept exactly when it is the argmax.
+        let mut g = Sampler::new(SamplerParams::greedy());
+        assert_eq!(g.speculate(&logits, &[], 0), (0, true));
+        assert_eq!(g.speculate(&logits, &[], 2), (0, false));
     }
 }

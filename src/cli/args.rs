@@ -275,6 +275,11 @@ pub struct RunArgs {
     /// the adapter has none) and print a table per kernel.
     #[arg(long)]
     pub profile: bool,
+    /// Draft tokens from the context and verify them in one pass: lookup or
+    /// lookup:ngram=N,max=K (output identical to plain decoding when greedy; the same
+    /// distribution when sampling).
+    #[arg(long)]
+    pub draft: Option<crate::engine::draft::DraftConfig>,
     /// Session file: resume from it when the prompt shares a prefix with its tokens, and save
     /// the tokens and KV pages to it at the end.
     #[arg(long)]

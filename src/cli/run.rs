@@ -90,6 +90,12 @@ pub fn run(cli: &Cli, a: &RunArgs) -> CliResult<()> {
     let mut opts = engine_options(cli, &a.model, m.cfg.n_layers)?;
     opts.trace = a.trace.is_some();
     opts.profile = a.profile;
+    if let Some(d) = &a.draft {
+        if a.model.kv_select.is_some() {
+            return Err("--draft and --kv-select cannot be combined".into());
+        }
+        opts.logit_rows = d.max + 1;
+    }
     let mut engine = start_engine(cli, &a.model, &m, opts, prompt_ids.len() + a.n / 2)?;
     let t0 = Instant::now();
     let mut reused = 0;
@@ -109,23 +115,46 @@ pub fn run(cli: &Cli, a: &RunArgs) -> CliResult<()> {
     let tk = &m.tokenizer;
     let mut dec = tk.stream_decoder(true);
     let stdout = std::io::stdout();
-    let (generated, stats) = engine.generate(
-        &prompt_ids[reused..],
-        a.n,
-        &mut sampler,
-        |id| tk.is_end_of_generation(id),
-        |id| {
-            if let Ok(s) = dec.push(id) {
-                let mut out = stdout.lock();
-                let _ = out.write_all(s.as_bytes());
-                let _ = out.flush();
-            }
-            true
-        },
-    )?;
+    let emit = |id: u32| {
+        if let Ok(s) = dec.push(id) {
+            let mut out = stdout.lock();
+            let _ = out.write_all(s.as_bytes());
+            let _ = out.flush();
+        }
+        true
+    };
+    let (generated, stats, drafting) = match &a.draft {
+        Some(d) => {
+            let (g, s, ds) = engine.generate_drafted(
+                &prompt_ids[reused..],
+                a.n,
+                &mut sampler,
+                d,
+                |id| tk.is_end_of_generation(id),
+                emit,
+            )?;
+            (g, s, Some(ds))
+        }
+        None => {
+            let (g, s) = engine.generate(
+                &prompt_ids[reused..],
+                a.n,
+                &mut sampler,
+                |id| tk.is_end_of_generation(id),
+                emit,
+            )?;
+            (g, s, None)
+        }
+    };
     print!("{}", dec.finish());
     println!();
     print_stats(&engine, &stats);
+    if let Some(d) = &drafting {
+        eprintln!(
+            "drafts: {} passes verified {} drafted tokens, {} accepted; {:.2} tokens per pass",
+            d.passes, d.drafted, d.accepted, d.tokens_per_pass
+        );
+    }
     let profile = a.profile.then(|| engine.profile_report());
     if let Some(p) = &profile {
         eprint!("{}", p.to_table());
@@ -185,6 +214,7 @@ pub fn run(cli: &Cli, a: &RunArgs) -> CliResult<()> {
             "stats": stats,
             "kv_predicted": pred,
             "profile": profile,
+            "drafting": drafting,
             "predicted": predicted,
             "gpu_budget": engine.placement.budget,
             "placement": engine.placement.to_string(),

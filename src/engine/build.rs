@@ -302,7 +302,9 @@ impl Engine {
             x_stride: n_embd,
             y_stride: cfg.vocab_size as u32,
             n_tokens: rows,
-            token_tile: if rows > 1 { kernels::MM_PREFILL_TT } else { 1 },
+            // One row per weight read, like decoding: rows scored together give the logits
+            // each would get alone.
+            token_tile: 1,
             ..Default::default()
         };
         let hp = &plan.head;
@@ -448,6 +450,7 @@ impl Engine {
             profiler,
             profiling: opts.profile,
             in_place,
+            decode_form: false,
             load_bytes,
             load_time: std::time::Duration::ZERO,
             plan,

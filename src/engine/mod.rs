@@ -18,6 +18,7 @@
 //! Prefill batches use matrix-matrix kernels (several tokens per weight read); decode uses T = 1.
 
 mod build;
+pub mod draft;
 mod head;
 mod kvio;
 mod layers;
@@ -320,6 +321,8 @@ pub struct Engine {
     pub profiling: bool,
     /// Streamed weights are written in place into mappable slots.
     pub in_place: bool,
+    /// Run every row with the decode-form kernels (verification of drafted tokens).
+    decode_form: bool,
     /// Bytes uploaded at load.
     pub load_bytes: u64,
     pub load_time: Duration,

@@ -227,6 +227,9 @@ impl Engine {
         }
         self.prefetched = 0;
         let decode = t == 1;
+        // Decode-form kernels (one token per weight read) for every row: what a verification
+        // pass of drafted tokens needs to match token-by-token decoding bit for bit.
+        let dl = decode || self.decode_form;
         let exact = plan_rounds(&self.map, PageList::exact(&self.map, b - 1));
         // Local layers attend only the pages some row's window reaches.
         let first_local = self
@@ -267,7 +270,7 @@ impl Engine {
             }
             let select = decode && self.plan.kv.selects_layer(l);
             {
-                let lists = if decode {
+                let lists = if dl {
                     &self.decode_lists[l]
                 } else {
                     &self.prefill_lists[l]
@@ -314,7 +317,7 @@ impl Engine {
                     self.finish_job(tk, format!("read+upload KV layer {l} round {ri}"))?;
                 }
                 self.write_table(l, w, ri + 1 == n_rounds, top);
-                let lists = if decode {
+                let lists = if dl {
                     &self.decode_lists[l]
                 } else {
                     &self.prefill_lists[l]

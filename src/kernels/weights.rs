@@ -59,14 +59,14 @@ impl WeightLayout {
             kernel: "weights",
             problem,
         };
-        let rb =
-            row_bytes(ty, cols).ok_or_else(|| shape(format!("{label}: row size overflows")))?;
         if !u64::from(cols).is_multiple_of(ty.block_len()) {
             return Err(shape(format!(
                 "{label}: {cols} columns is not a multiple of the {ty} block length {}",
                 ty.block_len()
             )));
         }
+        let rb =
+            row_bytes(ty, cols).ok_or_else(|| shape(format!("{label}: row size overflows")))?;
         let max_bind = max_binding.min(u32::MAX as u64);
         if (rb as u64) + 16 > max_bind {
             return Err(shape(format!(
