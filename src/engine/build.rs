@@ -128,7 +128,7 @@ impl Engine {
                 qk_norm,
                 post_norms,
                 local: cfg.is_swa(l),
-                home: ctx.storage(&n("kv home"), kv.home_pages as u64 * kv.page_bytes)?,
+                home: ctx.storage(&n("kv home"), kv.home_slots() as u64 * kv.page_bytes)?,
                 meta,
                 mats,
             });
@@ -439,11 +439,14 @@ impl Engine {
             streamed,
             prefetched: 0,
             pending_prefetch: Vec::new(),
-            seq: SeqState {
-                prev_sel: vec![Vec::new(); n_layers],
-                slot_owner: vec![u32::MAX; plan.kv.home_pages as usize],
-                ..Default::default()
-            },
+            seqs: (0..plan.kv.max_seqs)
+                .map(|_| SeqState {
+                    prev_sel: vec![Vec::new(); n_layers],
+                    slot_owner: vec![u32::MAX; plan.kv.home_pages as usize],
+                    ..Default::default()
+                })
+                .collect(),
+            live: vec![false; plan.kv.max_seqs as usize],
             io: IoTotals::default(),
             kv_stats: KvRunStats::default(),
             tracer,

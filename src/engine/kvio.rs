@@ -23,9 +23,18 @@ impl Engine {
 
     /// Rewind to `n` tokens, restoring home pages from the page file where needed.
     pub fn try_truncate(&mut self, n: usize) -> Result<(), EngineError> {
-        let n = n.min(self.n_past());
-        self.seq.tokens.truncate(n);
-        for s in &mut self.seq.prev_sel {
+        self.truncate_seq(0, n)
+    }
+
+    /// Rewind sequence `seq` to `n` tokens.
+    pub fn truncate_seq(&mut self, seq: u32, n: usize) -> Result<(), EngineError> {
+        let si = seq as usize;
+        if si >= self.seqs.len() {
+            return Err(EngineError::BadSequence(seq));
+        }
+        let n = n.min(self.seqs[si].tokens.len());
+        self.seqs[si].tokens.truncate(n);
+        for s in &mut self.seqs[si].prev_sel {
             s.clear();
         }
         if let Ok(mut pf) = self.io_.prefetched.lock() {
@@ -45,11 +54,11 @@ impl Engine {
                     continue;
                 }
                 let slot = self.map.home_slot(q);
-                if self.seq.slot_owner.get(slot as usize) == Some(&q) {
+                if self.seqs[si].slot_owner.get(slot as usize) == Some(&q) {
                     continue;
                 }
                 // Every full page is in the page file.
-                if q >= self.seq.written {
+                if q >= self.seqs[si].written {
                     return Err(EngineError::Transfer(format!(
                         "KV page {q} is neither at home nor in the page file"
                     )));
@@ -57,27 +66,29 @@ impl Engine {
                 restore.push((q, slot));
             }
         }
-        let restored = self.restore_pages(&restore);
+        let restored = self.restore_pages(seq, &restore);
         // Pages from `p` on change from here: forget their copies.
-        store.drop_pages(0, p);
+        store.drop_pages(seq, p);
         self.io_
             .cache
-            .remove_where(KV_KEYS, |a, b| (a >> 32) == 0 && b >= p as u64);
-        self.seq.written = self.seq.written.min(p);
+            .remove_where(KV_KEYS, |a, b| (a >> 32) == seq as u64 && b >= p as u64);
+        self.seqs[si].written = self.seqs[si].written.min(p);
         restored
     }
 
-    /// Read pages (page, home slot) of every layer from the page file into their home slots.
-    fn restore_pages(&mut self, restore: &[(u32, u32)]) -> Result<(), EngineError> {
+    /// Read pages (page, home slot) of every layer of sequence `seq` from the page file into
+    /// their home slots.
+    fn restore_pages(&mut self, seq: u32, restore: &[(u32, u32)]) -> Result<(), EngineError> {
         if restore.is_empty() {
             return Ok(());
         }
         for l in 0..self.layers.len() {
+            let base = self.map.home_base(seq);
             let tk = self.io_.kv_pages(
                 Priority::HotKv,
-                0,
+                seq,
                 l as u32,
-                restore.to_vec(),
+                restore.iter().map(|&(q, s)| (q, base + s)).collect(),
                 self.plan.kv.page_bytes,
                 self.layers[l].home.buffer.clone(),
                 Admit::Pinned,
@@ -87,7 +98,7 @@ impl Engine {
                 .map_err(EngineError::Transfer)?;
         }
         for &(q, slot) in restore {
-            if let Some(o) = self.seq.slot_owner.get_mut(slot as usize) {
+            if let Some(o) = self.seqs[seq as usize].slot_owner.get_mut(slot as usize) {
                 *o = q;
             }
         }
@@ -100,13 +111,13 @@ impl Engine {
         let pb = self.plan.kv.page_bytes;
         let mut out = vec![0u8; pb as usize];
         if let Some(store) = &self.io_.store
-            && page < self.seq.written
+            && page < self.seqs[0].written
         {
             store.read_pages(0, l as u32, page, 1, &mut out)?;
             return Ok(out);
         }
         let slot = self.map.home_slot(page) as u64;
-        if self.seq.slot_owner.get(slot as usize) != Some(&page) {
+        if self.seqs[0].slot_owner.get(slot as usize) != Some(&page) {
             return Err(EngineError::Transfer(format!(
                 "KV page {page} of layer {l} is not on the device"
             )));
@@ -171,15 +182,15 @@ impl Engine {
         for q in 0..=top {
             if self.map.is_home(q, top) {
                 let slot = self.map.home_slot(q) as usize;
-                if let Some(o) = self.seq.slot_owner.get_mut(slot) {
+                if let Some(o) = self.seqs[0].slot_owner.get_mut(slot) {
                     *o = q;
                 }
             }
         }
         if store.is_some() {
-            self.seq.written = full;
+            self.seqs[0].written = full;
         }
-        self.seq.tokens = tokens.to_vec();
+        self.seqs[0].tokens = tokens.to_vec();
         Ok(())
     }
 

@@ -17,6 +17,7 @@
 //!
 //! Prefill batches use matrix-matrix kernels (several tokens per weight read); decode uses T = 1.
 
+mod batch;
 mod build;
 pub mod draft;
 mod head;
@@ -87,6 +88,10 @@ pub enum EngineError {
     BadToken { id: u32, vocab: usize },
     #[error("the prompt is empty: nothing to condition on")]
     EmptyPrompt,
+    #[error("sequence {0} is not open")]
+    BadSequence(u32),
+    #[error("all {0} sequences are in use")]
+    NoFreeSequence(usize),
     #[error(
         "in-place uploads need an adapter whose storage buffers the host can map ({0} has none); use --upload staging or auto"
     )]
@@ -171,6 +176,8 @@ pub struct EngineOptions {
     /// Bytes per storage binding at most, below the device's limit (splits weights into more
     /// parts; for tests of the split paths).
     pub max_binding: Option<u64>,
+    /// Sequences held at once (batched decoding).
+    pub max_seqs: usize,
     /// Time every kernel with GPU timestamp queries (`--profile`).
     pub profile: bool,
     /// How streamed weights reach their slots.
@@ -225,6 +232,7 @@ impl Default for EngineOptions {
             profile: false,
             upload: UploadMode::Auto,
             max_binding: None,
+            max_seqs: 1,
         }
     }
 }
@@ -248,6 +256,7 @@ impl EngineOptions {
             extra_bytes: 0,
             in_place: false,
             max_binding: self.max_binding,
+            max_seqs: self.max_seqs,
         }
     }
 }
@@ -309,7 +318,10 @@ pub struct Engine {
     prefetched: usize,
     /// Predictive KV prefetches in flight.
     pending_prefetch: Vec<crate::flash::queue::Ticket<upload::JobResult>>,
-    seq: SeqState,
+    /// Per sequence (index = sequence id); sequence 0 is the default one.
+    seqs: Vec<SeqState>,
+    /// Which sequences `new_seq` has handed out.
+    live: Vec<bool>,
     max_ctx: usize,
     ubatch: usize,
     pub io: IoTotals,
@@ -337,12 +349,12 @@ impl Engine {
 
     /// Tokens currently in the KV cache.
     pub fn n_past(&self) -> usize {
-        self.seq.tokens.len()
+        self.seqs[0].tokens.len()
     }
 
     /// The tokens currently in the KV cache.
     pub fn cached_tokens(&self) -> &[u32] {
-        &self.seq.tokens
+        &self.seqs[0].tokens
     }
 
     /// KV cache capacity in tokens.
@@ -438,7 +450,7 @@ impl Engine {
             } else {
                 scored
             };
-            self.run_batch(chunk, &want, &mut |i, l| on_logits(done + i, l))?;
+            self.run_batch(&[(0, chunk)], &want, &mut |i, l| on_logits(done + i, l))?;
             done += chunk.len();
         }
         Ok(())

@@ -15,23 +15,39 @@ fn f32_bytes(v: &[f32]) -> &[u8] {
     bytemuck::cast_slice(v)
 }
 
-/// A layer's attention work: the list for each round and the pages each round brings in.
+/// A layer's attention work for one round: each sequence's page list (with this round's stream
+/// slots) and, per sequence, the pages the round brings in as (page, slot).
 #[derive(Clone)]
 struct RoundWork {
-    list: PageList,
-    loads: Vec<(u32, u32)>,
+    lists: Vec<(u32, PageList)>,
+    loads: Vec<(u32, Vec<(u32, u32)>)>,
     round: Round,
 }
 
-fn plan_rounds(map: &crate::kv::pages::PageMap, mut list: PageList) -> Vec<RoundWork> {
-    let rounds = map.rounds(list.keys);
+impl RoundWork {
+    fn has_loads(&self) -> bool {
+        self.loads.iter().any(|l| !l.1.is_empty())
+    }
+}
+
+/// The rounds over the sequences' lists (by the longest): the sequences' streamed pages of a
+/// round share the stream pool's part for that round, one after another.
+fn plan_rounds(map: &crate::kv::pages::PageMap, mut lists: Vec<(u32, PageList)>) -> Vec<RoundWork> {
+    let keys = lists.iter().map(|l| l.1.keys).max().unwrap_or(0);
+    let rounds = map.rounds(keys);
     rounds
         .into_iter()
         .enumerate()
         .map(|(r, round)| {
-            let loads = list.assign_round(&round, map.round_base(r));
+            let mut next = map.round_base(r);
+            let mut loads = Vec::with_capacity(lists.len());
+            for (seq, list) in lists.iter_mut() {
+                let l = list.assign_round(&round, next);
+                next += l.len() as u32;
+                loads.push((*seq, l));
+            }
             RoundWork {
-                list: list.clone(),
+                lists: lists.clone(),
                 loads,
                 round,
             }
@@ -98,20 +114,46 @@ impl Engine {
     }
 
     fn write_table(&self, l: usize, w: &RoundWork, last: bool, n_full: u32) {
-        let mut words = vec![
+        let words = vec![
             w.round.first_split,
             (w.round.first_split == 0) as u32 | if last { 2 } else { 0 },
             w.round.splits,
             n_full,
         ];
-        w.list.words(&mut words);
         let base = l as u64 * self.plan.kv.layer_words as u64 * 4;
         self.ctx
             .write(&self.kvb.table, base, bytemuck::cast_slice(&words));
+        for (seq, list) in &w.lists {
+            let mut lw = Vec::new();
+            list.words(&mut lw);
+            let at = base + (4 + *seq as u64 * self.plan.kv.seq_stride as u64) * 4;
+            self.ctx
+                .write(&self.kvb.table, at, bytemuck::cast_slice(&lw));
+        }
     }
 
-    /// Queue the KV pages of a round of layer `l` into the stream pool.
-    fn queue_kv(&self, prio: Priority, l: usize, loads: &[(u32, u32)]) -> Ticket<JobResult> {
+    /// Queue the KV pages of a round of layer `l` into the stream pool (a job per sequence).
+    fn queue_round(
+        &self,
+        prio: Priority,
+        l: usize,
+        loads: &[(u32, Vec<(u32, u32)>)],
+    ) -> Vec<Ticket<JobResult>> {
+        loads
+            .iter()
+            .filter(|(_, ld)| !ld.is_empty())
+            .map(|(seq, ld)| self.queue_kv(prio, l, *seq, ld))
+            .collect()
+    }
+
+    /// Queue pages (page, slot) of sequence `seq`, layer `l`, into the stream pool.
+    fn queue_kv(
+        &self,
+        prio: Priority,
+        l: usize,
+        seq: u32,
+        loads: &[(u32, u32)],
+    ) -> Ticket<JobResult> {
         let admit = if self.plan.kv.selects_layer(l) {
             Admit::Lru
         } else {
@@ -119,7 +161,7 @@ impl Engine {
         };
         self.io_.kv_pages(
             prio,
-            0,
+            seq,
             l as u32,
             loads.to_vec(),
             self.plan.kv.page_bytes,
@@ -134,7 +176,7 @@ impl Engine {
         if self.io_.store.is_none() {
             return;
         }
-        let pages: Vec<u32> = self.seq.prev_sel[l]
+        let pages: Vec<u32> = self.seqs[0].prev_sel[l]
             .iter()
             .copied()
             .filter(|&p| !self.map.is_home(p, top))
@@ -148,23 +190,30 @@ impl Engine {
         self.pending_prefetch.push(t);
     }
 
-    /// One batch through all layers; logits for the rows in `want` go to `on_logits`.
+    /// One pass through all layers over the rows of `items` (each a sequence and the tokens it
+    /// appends, rows in item order); logits for the rows in `want` go to `on_logits`.
     pub(super) fn run_batch(
         &mut self,
-        tokens: &[u32],
+        items: &[(u32, &[u32])],
         want: &[usize],
         on_logits: &mut dyn FnMut(usize, &[f32]),
     ) -> Result<(), EngineError> {
-        let t = tokens.len();
-        let a = self.n_past();
-        let b = a + t;
+        let t: usize = items.iter().map(|i| i.1.len()).sum();
+        // (sequence, first position, end position) of each item.
+        let spans: Vec<(u32, usize, usize)> = items
+            .iter()
+            .map(|&(s, toks)| {
+                let a = self.seqs[s as usize].tokens.len();
+                (s, a, a + toks.len())
+            })
+            .collect();
         let n_embd = self.cfg.n_embd;
         let th = self.tracer.now();
         // Embedding rows, gathered from the file.
         let mut x = vec![0f32; t * n_embd];
         let row_bytes = self.embd.row_bytes() as usize;
         let mut row = vec![0u8; row_bytes];
-        for (i, &id) in tokens.iter().enumerate() {
+        for (i, &id) in items.iter().flat_map(|i| i.1.iter()).enumerate() {
             let off = self.embd.offset + id as u64 * row_bytes as u64;
             self.io_
                 .source()
@@ -176,14 +225,17 @@ impl Engine {
         if let Some(s) = self.cfg.embd_scale {
             x.iter_mut().for_each(|v| *v *= s);
         }
-        let positions: Vec<u32> = (a..b).map(|p| p as u32).collect();
+        let mut positions: Vec<u32> = Vec::with_capacity(t);
         let mut rows = Vec::with_capacity(4 * t);
-        for &p in &positions {
-            rows.extend_from_slice(&[0, p, self.map.row_elem(p as usize), 0]);
+        for &(seq, a, b) in &spans {
+            for p in a..b {
+                positions.push(p as u32);
+                rows.extend_from_slice(&[seq, p as u32, self.map.row_elem_of(seq, p), 0]);
+            }
         }
         let step = Step {
             n_tokens: t as u32,
-            pos0: a as u32,
+            pos0: spans.first().map_or(0, |s| s.1) as u32,
             _pad: [0; 2],
         };
         self.ctx
@@ -201,19 +253,24 @@ impl Engine {
             self.ctx
                 .write(buf, 0, f32_bytes(&table(&self.cfg.rope_swa)));
         }
-        let top = self.map.page_of(b - 1);
-        let filled = self.map.filled(a, b);
+        // Page selection, its page summaries and its prefetches serve a single sequence
+        // (the plan refuses selection with several).
+        let (seq0, a0, b0) = spans[0];
+        let top = self.map.page_of(b0 - 1);
         if let Some(jobs) = &self.kvb.jobs {
+            let filled = self.map.filled(a0, b0);
             let mut w = vec![filled.len() as u32, 0, 0, 0];
-            for p in filled.clone() {
+            for p in filled {
                 w.extend_from_slice(&[p, self.map.home_slot(p), self.map.page_tokens, 0]);
             }
             self.ctx.write(jobs, 0, bytemuck::cast_slice(&w));
         }
-        for p in self.map.page_of(a)..=top {
-            let s = self.map.home_slot(p) as usize;
-            if let Some(o) = self.seq.slot_owner.get_mut(s) {
-                *o = p;
+        for &(seq, a, b) in &spans {
+            for p in self.map.page_of(a)..=self.map.page_of(b - 1) {
+                let s = self.map.home_slot(p) as usize;
+                if let Some(o) = self.seqs[seq as usize].slot_owner.get_mut(s) {
+                    *o = p;
+                }
             }
         }
         self.tracer.span("embed", "host", TID_HOST, th);
@@ -226,21 +283,39 @@ impl Engine {
             self.prefetched += 1;
         }
         self.prefetched = 0;
-        let decode = t == 1;
-        // Decode-form kernels (one token per weight read) for every row: what a verification
-        // pass of drafted tokens needs to match token-by-token decoding bit for bit.
-        let dl = decode || self.decode_form;
-        let exact = plan_rounds(&self.map, PageList::exact(&self.map, b - 1));
-        // Local layers attend only the pages some row's window reaches.
-        let first_local = self
-            .cfg
-            .swa_window
-            .map_or(0, |w| (a + 1).saturating_sub(w as usize));
-        let exact_local = plan_rounds(
+        let single = spans.len() == 1;
+        let decode = single && t == 1;
+        // Decode-form kernels (one token per weight read) for every row when each sequence
+        // appends one token (a batched decode step gives each sequence exactly what it gets
+        // alone) or when verifying drafted tokens.
+        let dl = decode || self.decode_form || items.iter().all(|i| i.1.len() == 1);
+        let exact = plan_rounds(
             &self.map,
-            PageList::exact_from(&self.map, first_local, b - 1),
+            spans
+                .iter()
+                .map(|&(s, _, b)| (s, PageList::exact(&self.map, b - 1).for_seq(&self.map, s)))
+                .collect(),
         );
-        let local_page = self.map.page_of(first_local);
+        // Local layers attend only the pages some row's window reaches.
+        let local_lists: Vec<(u32, PageList)> = spans
+            .iter()
+            .map(|&(s, a, b)| {
+                let first = self
+                    .cfg
+                    .swa_window
+                    .map_or(0, |w| (a + 1).saturating_sub(w as usize));
+                (
+                    s,
+                    PageList::exact_from(&self.map, first, b - 1).for_seq(&self.map, s),
+                )
+            })
+            .collect();
+        let local_page = self.map.page_of(
+            self.cfg
+                .swa_window
+                .map_or(0, |w| (a0 + 1).saturating_sub(w as usize)),
+        );
+        let exact_local = plan_rounds(&self.map, local_lists);
         let per_layer = self.placement.streaming
             || self.plan.kv.streams
             || exact.len() > 1
@@ -252,12 +327,9 @@ impl Engine {
         };
         let mut enc = self.ctx.device.create_command_encoder(&Default::default());
         // KV pages of the first layer's first round.
-        let mut next_kv: Option<Ticket<JobResult>> = None;
+        let mut next_kv: Vec<Ticket<JobResult>> = Vec::new();
         if !self.plan.kv.selects_layer(0) || !decode {
-            let first = &exact_of(0)[0];
-            if !first.loads.is_empty() {
-                next_kv = Some(self.queue_kv(Priority::HotKv, 0, &first.loads));
-            }
+            next_kv = self.queue_round(Priority::HotKv, 0, &exact_of(0)[0].loads);
         } else {
             self.prefetch_selection(0, top);
         }
@@ -279,42 +351,41 @@ impl Engine {
             }
             let work = if select {
                 let lo = if is_local { local_page } else { 0 };
-                let w = self.select_pages(l, enc, top, b - 1, lo)?;
+                let w = self.select_pages(l, enc, top, b0 - 1, lo)?;
                 enc = self.ctx.device.create_command_encoder(&Default::default());
                 w
             } else {
                 exact_of(l).clone()
             };
             let n_rounds = work.len();
-            let mut tickets: Vec<Option<Ticket<JobResult>>> = (0..n_rounds).map(|_| None).collect();
-            if !select
-                && !work[0].loads.is_empty()
-                && let Some(tk) = next_kv.take()
-            {
-                tickets[0] = Some(tk);
+            let mut tickets: Vec<Vec<Ticket<JobResult>>> =
+                (0..n_rounds).map(|_| Vec::new()).collect();
+            if !select && work[0].has_loads() {
+                tickets[0] = std::mem::take(&mut next_kv);
             }
             let halves = self.map.halves;
             for (ri, w) in work.iter().enumerate() {
                 // The next round fills the other half of the pool while this one attends.
                 if halves == 2
                     && ri + 1 < n_rounds
-                    && tickets[ri + 1].is_none()
-                    && !work[ri + 1].loads.is_empty()
+                    && tickets[ri + 1].is_empty()
+                    && work[ri + 1].has_loads()
                 {
-                    tickets[ri + 1] = Some(self.queue_kv(Priority::HotKv, l, &work[ri + 1].loads));
+                    tickets[ri + 1] = self.queue_round(Priority::HotKv, l, &work[ri + 1].loads);
                 }
-                if !w.loads.is_empty() {
-                    let tk = match tickets[ri].take() {
-                        Some(tk) => tk,
-                        None => self.queue_kv(Priority::HotKv, l, &w.loads),
-                    };
+                if w.has_loads() {
+                    if tickets[ri].is_empty() {
+                        tickets[ri] = self.queue_round(Priority::HotKv, l, &w.loads);
+                    }
                     // Submit what is recorded before blocking on the pages.
                     let ready = std::mem::replace(
                         &mut enc,
                         self.ctx.device.create_command_encoder(&Default::default()),
                     );
                     self.submit(ready, format!("layer {l} (before round {ri})"));
-                    self.finish_job(tk, format!("read+upload KV layer {l} round {ri}"))?;
+                    for tk in std::mem::take(&mut tickets[ri]) {
+                        self.finish_job(tk, format!("read+upload KV layer {l} round {ri}"))?;
+                    }
                 }
                 self.write_table(l, w, ri + 1 == n_rounds, top);
                 let lists = if dl {
@@ -347,12 +418,11 @@ impl Engine {
                     self.queue_weights(next);
                 }
             }
-            if l + 1 < self.layers.len() && next_kv.is_none() {
-                let next = &exact_of(l + 1)[0];
+            if l + 1 < self.layers.len() && next_kv.is_empty() {
                 if decode && self.plan.kv.selects_layer(l + 1) {
                     self.prefetch_selection(l + 1, top);
-                } else if !next.loads.is_empty() {
-                    next_kv = Some(self.queue_kv(Priority::HotKv, l + 1, &next.loads));
+                } else {
+                    next_kv = self.queue_round(Priority::HotKv, l + 1, &exact_of(l + 1)[0].loads);
                 }
             }
         }
@@ -371,8 +441,13 @@ impl Engine {
         for tk in std::mem::take(&mut self.pending_prefetch) {
             self.finish_job(tk, "prefetch KV")?;
         }
-        self.seq.tokens.extend_from_slice(tokens);
-        self.page_out(a, b)?;
+        for &(seq, toks) in items {
+            self.seqs[seq as usize].tokens.extend_from_slice(toks);
+        }
+        for &(seq, a, b) in &spans {
+            self.page_out(seq, a, b)?;
+        }
+        let _ = seq0;
         if let Some(p) = self.profiler.as_mut() {
             p.collect(&self.ctx)?;
         }
@@ -450,7 +525,7 @@ impl Engine {
             c.sort_unstable();
             c
         };
-        let prev = &self.seq.prev_sel[l];
+        let prev = &self.seqs[0].prev_sel[l];
         if !prev.is_empty() && !chosen.is_empty() {
             let again = chosen
                 .iter()
@@ -462,24 +537,25 @@ impl Engine {
         self.kv_stats.selected_pages += chosen.len() as u64;
         self.kv_stats.candidate_pages += candidates.len() as u64;
         self.kv_stats.selections += 1;
-        self.seq.prev_sel[l] = chosen.clone();
+        self.seqs[0].prev_sel[l] = chosen.clone();
         let mut pages: Vec<u32> = (0..=top)
             .filter(|&p| always(p) || chosen.binary_search(&p).is_ok())
             .collect();
         pages.dedup();
         let list = PageList::of_pages(&self.map, pages, last_pos);
-        Ok(plan_rounds(&self.map, list))
+        Ok(plan_rounds(&self.map, vec![(0, list)]))
     }
 
     /// Write the pages that filled up during positions `[a, b)` to the page file, every layer.
-    fn page_out(&mut self, a: usize, b: usize) -> Result<(), EngineError> {
+    fn page_out(&mut self, seq: u32, a: usize, b: usize) -> Result<(), EngineError> {
         let Some(store) = self.io_.store.clone() else {
             return Ok(());
         };
+        let si = seq as usize;
         let pages: Vec<u32> = self
             .map
             .filled(a, b)
-            .filter(|&p| p >= self.seq.written)
+            .filter(|&p| p >= self.seqs[si].written)
             .collect();
         if pages.is_empty() {
             return Ok(());
@@ -494,7 +570,7 @@ impl Engine {
         for group in jobs.chunks(per) {
             let mut enc = self.ctx.device.create_command_encoder(&Default::default());
             for (j, &(l, p)) in group.iter().enumerate() {
-                let slot = self.map.home_slot(p) as u64;
+                let slot = (self.map.home_base(seq) + self.map.home_slot(p)) as u64;
                 enc.copy_buffer_to_buffer(
                     &self.layers[l].home,
                     slot * pb,
@@ -509,14 +585,14 @@ impl Engine {
                 .read_mapped(&self.kvb.pageout, group.len() as u64 * pb)?;
             for (j, &(l, p)) in group.iter().enumerate() {
                 let page = &bytes[j * pb as usize..(j + 1) * pb as usize];
-                store.write_page(0, l as u32, p, page)?;
+                store.write_page(seq, l as u32, p, page)?;
             }
         }
-        self.seq.written = pages
+        self.seqs[si].written = pages
             .iter()
             .max()
             .map(|&p| p + 1)
-            .unwrap_or(self.seq.written);
+            .unwrap_or(self.seqs[si].written);
         self.tracer.span("write KV pages", "io", TID_IO, th);
         let _ = STREAM_BIT;
         Ok(())

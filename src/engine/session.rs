@@ -33,7 +33,7 @@ impl Engine {
         fault: Option<SaveFault>,
     ) -> Result<SaveStats, EngineError> {
         let id = self.session_identity();
-        let tokens = self.seq.tokens.clone();
+        let tokens = self.seqs[0].tokens.clone();
         let mut fill = |l: u32, p: u32, dst: &mut [u8]| -> Result<(), crate::flash::SourceError> {
             let bytes = self.read_page(l as usize, p)?;
             dst.copy_from_slice(&bytes);

@@ -100,7 +100,7 @@ impl Engine {
         mut on_token: impl FnMut(u32) -> bool,
     ) -> Result<(Vec<u32>, GenStats), EngineError> {
         let start = Instant::now();
-        let mut history: Vec<u32> = self.seq.tokens.clone();
+        let mut history: Vec<u32> = self.seqs[0].tokens.clone();
         history.extend_from_slice(prompt);
         let mut logits = self.forward(prompt)?;
         let prefill_s = start.elapsed().as_secs_f64();

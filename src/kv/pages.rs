@@ -50,6 +50,16 @@ impl PageMap {
         (r as u32 % self.halves.max(1)) * half
     }
 
+    /// First home slot of sequence `seq` (each sequence has `home_pages` of them).
+    pub fn home_base(&self, seq: u32) -> u32 {
+        seq * self.home_pages
+    }
+
+    /// Element offset (in the home pool) of the K row of position `pos` of sequence `seq`.
+    pub fn row_elem_of(&self, seq: u32, pos: usize) -> u32 {
+        self.row_elem(pos) + self.home_base(seq) * 2 * self.page_tokens * self.kv_dim
+    }
+
     /// Whether every page has a home slot (nothing ever leaves the device).
     pub fn all_home(&self) -> bool {
         self.home_pages >= self.max_pages
@@ -207,6 +217,17 @@ impl PageList {
             }
         }
         loads
+    }
+
+    /// Move the list's home slots to sequence `seq`'s part of the home pool.
+    pub fn for_seq(mut self, map: &PageMap, seq: u32) -> Self {
+        let base = map.home_base(seq);
+        for e in &mut self.entries {
+            if e.1 & STREAM_BIT == 0 {
+                e.1 += base;
+            }
+        }
+        self
     }
 
     /// Page-table words of this list: [entries, keys, key_base, 0, (page, slot) ...].

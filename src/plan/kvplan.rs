@@ -137,7 +137,12 @@ impl KvPlan {
         } else {
             (p / ATTN_SPLIT_KEYS, 1)
         };
-        let max_seqs = 1u32;
+        let max_seqs = o.max_seqs.clamp(1, 256) as u32;
+        if max_seqs > 1 && o.kv_select.is_some() {
+            return Err(PlanError::Kv(
+                "page selection (--kv-select) works with one sequence at a time; it cannot be combined with batched sequences".into(),
+            ));
+        }
         let seq_stride = 4 + 2 * max_pages;
         let kv = Self {
             f16,
@@ -155,7 +160,7 @@ impl KvPlan {
             unit_splits,
             unit_pages,
             stream_slots: if home < max_pages {
-                unit_pages.min(max_pages)
+                unit_pages.min(max_pages) * max_seqs
             } else {
                 0
             },
@@ -168,6 +173,11 @@ impl KvPlan {
             max_binding: u64::MAX,
         };
         Ok(kv)
+    }
+
+    /// Home page slots of one layer for all sequences.
+    pub fn home_slots(&self) -> u32 {
+        self.home_pages * self.max_seqs
     }
 
     /// Whether layer `l` selects pages (else it attends every page).
@@ -185,7 +195,7 @@ impl KvPlan {
     /// Device bytes the KV cache allocates for `n_layers` layers.
     pub fn device_bytes(&self, n_layers: usize) -> u64 {
         let n = n_layers as u64;
-        let mut b = n * round16(self.home_pages as u64 * self.page_bytes)
+        let mut b = n * round16(self.home_slots() as u64 * self.page_bytes)
             + round16(self.stream_slots as u64 * self.page_bytes)
             + round16(n * self.layer_words as u64 * 4)
             + round16(self.pageout_pages as u64 * self.page_bytes);
@@ -209,9 +219,10 @@ impl KvPlan {
             if units >= 2 {
                 t.halves = 2;
                 t.round_splits = units / 2 * self.unit_splits;
-                t.stream_slots = 2 * (units / 2 * self.unit_pages).min(streamed.max(1));
+                t.stream_slots =
+                    2 * (units / 2 * self.unit_pages).min(streamed.max(1)) * self.max_seqs;
             } else {
-                t.stream_slots = (units * self.unit_pages).min(streamed.max(1));
+                t.stream_slots = (units * self.unit_pages).min(streamed.max(1)) * self.max_seqs;
             }
         }
         t
@@ -228,7 +239,7 @@ impl KvPlan {
                 .saturating_sub(base)
         };
         let fits_binding = |k: &KvPlan| {
-            k.home_pages as u64 * k.page_bytes <= k.max_binding
+            k.home_slots() as u64 * k.page_bytes <= k.max_binding
                 && k.stream_slots as u64 * k.page_bytes <= k.max_binding
         };
         let mut kv = self.clone();

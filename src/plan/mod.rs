@@ -76,6 +76,8 @@ pub struct PlanOptions {
     /// Bytes per storage binding at most, below the device's limit (None: the device's): splits
     /// weights into more parts, as a device with smaller bindings would.
     pub max_binding: Option<u64>,
+    /// Sequences the engine can hold at once (batched decoding; each has its own KV pages).
+    pub max_seqs: usize,
 }
 
 impl Default for PlanOptions {
@@ -97,6 +99,7 @@ impl Default for PlanOptions {
             extra_bytes: 0,
             in_place: false,
             max_binding: None,
+            max_seqs: 1,
         }
     }
 }
@@ -288,12 +291,13 @@ impl ExecPlan {
         };
 
         let ubatch = o.ubatch.clamp(1, 512);
-        let logit_rows = o.logit_rows.clamp(1, ubatch);
+        // A batched decode pass scores one row per sequence in one head pass.
+        let logit_rows = o.logit_rows.max(o.max_seqs).clamp(1, ubatch);
         let max_ctx = o.ctx.unwrap_or(2048).clamp(1, cfg.context_length.max(1));
         let budget = o.budget.unwrap_or(u64::MAX);
         let mut kv_min = KvPlan::minimal(cfg, o, max_ctx, ubatch)?;
         kv_min.max_binding = max_binding;
-        if kv_min.home_pages as u64 * kv_min.page_bytes > max_binding {
+        if kv_min.home_slots() as u64 * kv_min.page_bytes > max_binding {
             return Err(PlanError::Kv(format!(
                 "{} KV pages of {} bytes exceed the device's binding limit of {max_binding} bytes (use a smaller --kv-page or --ubatch)",
                 kv_min.home_pages, kv_min.page_bytes
