@@ -12,7 +12,7 @@ cargo build --release
 mkdir -p bench-out
 B=./target/release/flashlm
 want=("$@")
-[ ${#want[@]} -eq 0 ] && want=(resident io stream kv types s3)
+[ ${#want[@]} -eq 0 ] && want=(resident io stream kv types s3 batch)
 machine() {
   echo "Machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo) RAM, $(uname -m); $($B --list-adapters 2>/dev/null | head -1); $(date -u +%Y-%m-%d)"
 }
@@ -24,7 +24,8 @@ for w in "${want[@]}"; do
     kv)       cmd=($B bench kv --io direct --runs 3 --json bench-out/kv.json) ;;
     types)    cmd=($B bench types --runs 3 --json bench-out/types.json) ;;
     s3)       cmd=($B bench s3 --runs 3 -n 8 --json bench-out/s3.json) ;;
-    *) echo "unknown benchmark $w (resident, io, stream, kv, types, s3)" >&2; exit 2 ;;
+    batch)    cmd=($B bench batch --io direct --runs 3 -n 16 --json bench-out/batch.json) ;;
+    *) echo "unknown benchmark $w (resident, io, stream, kv, types, s3, batch)" >&2; exit 2 ;;
   esac
   echo "## $w: ${cmd[*]}" >&2
   {

@@ -331,3 +331,41 @@ fn in_place_and_staging_uploads_give_identical_tokens() {
     assert_eq!(got[0].0, got[1].0);
     assert!(got[0].1 == got[1].1, "first-step logits differ");
 }
+
+#[test]
+fn automatic_ring_shrinks_to_fit_a_tight_budget() {
+    if common::gpu().is_none() {
+        return;
+    }
+    let spec = SyntheticSpec {
+        n_layers: 4,
+        n_embd: 128,
+        n_heads: 4,
+        n_kv_heads: 2,
+        n_ff: 320,
+        vocab: 1000,
+        weight_type: GgmlType::Q8_0,
+        ctx: 64,
+        untied_output: false,
+    };
+    let gguf = Arc::new(GgufFile::from_bytes(synthetic_llama(&spec, 9)).unwrap());
+    let prompt: Vec<u32> = (0..9).map(|k| (k * 37 + 5) % 1000).collect();
+    let mut resident = Engine::new(gguf.clone(), &opts(None, 32)).unwrap();
+    let (want, _) = run(&mut resident, &prompt, 5);
+    drop(resident);
+    // The three-slot minimum: an automatic ring (a whole layer of slots) does not fit it.
+    let min = minimum_budget(&gguf, &opts(None, 32));
+    let mut auto = opts(Some(min), 32);
+    auto.ring_slots = 0;
+    let mut e = Engine::new(gguf.clone(), &auto).unwrap();
+    assert!(e.placement.streaming);
+    assert_eq!(e.plan.ring_slots, 3, "{}", e.placement);
+    let (ids, _) = run(&mut e, &prompt, 5);
+    assert_eq!(ids, want);
+    assert!(e.ctx.budget.peak() <= min);
+    // With room for it, the automatic ring holds more than three slots.
+    let mut roomy = opts(Some(min + (1 << 20)), 32);
+    roomy.ring_slots = 0;
+    let e = Engine::new(gguf, &roomy).unwrap();
+    assert!(e.plan.ring_slots > 3, "{}", e.plan.ring_slots);
+}

@@ -1,6 +1,7 @@
 //! Benchmarks behind `flashlm bench` (and `cargo bench`). Each reports medians of several runs
 //! measured side by side in one process.
 
+pub mod batch;
 pub mod calibrate;
 pub mod io;
 pub mod kv;

@@ -402,6 +402,22 @@ pub enum BenchKind {
         #[arg(long)]
         json: Option<PathBuf>,
     },
+    /// Several tokens per streamed layer: 1, 2, 4 and 8 sequences decoded together under the S1
+    /// budget (flash bytes per token, aggregate tok/s, latency), and prompt-lookup drafts on a
+    /// prompt that repeats its input.
+    Batch {
+        #[command(flatten)]
+        model: ModelArgs,
+        /// Tokens decoded per sequence.
+        #[arg(short = 'n', long, default_value = "24", value_parser = parse_tokens)]
+        n: usize,
+        /// Repetitions (medians are reported).
+        #[arg(long, default_value = "3", value_parser = parse_runs)]
+        runs: usize,
+        /// Write the figures as JSON.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
     /// Resident prefill and decode tok/s per weight type on the default model's shape
     /// (synthetic weights, written once to the cache directory).
     Types {

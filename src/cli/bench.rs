@@ -124,6 +124,24 @@ pub fn bench(cli: &Cli, b: &BenchArgs) -> CliResult<()> {
             }
             Ok(())
         }
+        BenchKind::Batch {
+            model,
+            n,
+            runs,
+            json,
+        } => {
+            let path = resolve_model(&model.model)?;
+            let m = load_model(&path)?;
+            let base = engine_options(cli, model, m.cfg.n_layers)?;
+            let budget = model.gpu_budget.unwrap_or(16 << 20);
+            let report = crate::bench::batch::run(&m, &base, model.io_mode(), budget, *n, *runs)?;
+            println!("{}", report.to_markdown());
+            if let Some(j) = json {
+                std::fs::write(j, serde_json::to_string_pretty(&report)?)
+                    .map_err(|e| format!("writing {}: {e}", j.display()))?;
+            }
+            Ok(())
+        }
         BenchKind::S3 {
             model,
             runs,

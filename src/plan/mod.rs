@@ -357,7 +357,7 @@ impl ExecPlan {
             .unwrap_or(1);
         // Uploads queue behind the compute already submitted, so a staging slot comes back
         // only when the GPU has passed that point: hold a whole layer to never stall on it.
-        let ring_slots = if o.ring_slots == 0 && o.in_place {
+        let auto_slots = if o.ring_slots == 0 && o.in_place {
             // KV pages and output-head chunks only: a few slots.
             (crate::gpu::staging::slots_for(o.head_chunk, 1, ring_chunk) + 2).clamp(3, 64)
         } else if o.ring_slots == 0 {
@@ -365,7 +365,6 @@ impl ExecPlan {
         } else {
             o.ring_slots
         };
-        let ring = crate::gpu::staging::ring_bytes(ring_slots, ring_chunk);
         // A layer slot holds any layer: per matrix and part, the largest over the layers (their
         // weight types may differ from layer to layer).
         let mut slot_parts: Vec<Vec<u64>> = Vec::new();
@@ -398,7 +397,7 @@ impl ExecPlan {
             + head.layout.device_bytes();
         // Pages also leave the device when a layer's pages would not fit one binding.
         let home_fits_binding = kv_full.max_pages as u64 * kv_full.page_bytes <= max_binding;
-        let costs = Costs {
+        let costs_for = |ring: u64| Costs {
             activations: sizes.total() + o.extra_bytes,
             resident_extra: if kv_min.streams && (all_home > budget || !home_fits_binding) {
                 ring
@@ -414,7 +413,27 @@ impl ExecPlan {
             head: head.layout.device_bytes(),
             head_chunk: head.chunk_bytes,
         };
-        let placement = placement::plan(costs, cfg.n_layers, budget, slots_wanted, &o.resident)?;
+        // An automatic ring holds a whole layer so uploads never wait on a slot; when that does
+        // not fit the budget, the smallest ring (three slots, uploads then wait on the GPU) does.
+        let mut ring_slots = auto_slots;
+        let mut placed = placement::plan(
+            costs_for(crate::gpu::staging::ring_bytes(ring_slots, ring_chunk)),
+            cfg.n_layers,
+            budget,
+            slots_wanted,
+            &o.resident,
+        );
+        if placed.is_err() && o.ring_slots == 0 && auto_slots > 3 {
+            ring_slots = 3;
+            placed = placement::plan(
+                costs_for(crate::gpu::staging::ring_bytes(ring_slots, ring_chunk)),
+                cfg.n_layers,
+                budget,
+                slots_wanted,
+                &o.resident,
+            );
+        }
+        let placement = placed?;
         // Streamed layers share slots: they must all have the first streamed layer's shapes
         // (their weight types may differ).
         let mut streamed = (0..cfg.n_layers).filter(|&l| !placement.resident_layers[l]);
