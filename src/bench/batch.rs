@@ -20,6 +20,8 @@ use crate::model::LoadedModel;
 use crate::sampling::{Sampler, SamplerParams};
 
 type BenchResult<T> = Result<T, Box<dyn std::error::Error>>;
+/// One run: bytes per token, tok/s, latency ms, ms per pass, placement.
+type Sample = (f64, f64, f64, f64, String);
 
 #[derive(Debug, Clone, Serialize)]
 pub struct BatchRow {
@@ -144,7 +146,7 @@ pub fn run(
                 placement,
             ));
         }
-        let med = |f: &dyn Fn(&(f64, f64, f64, f64, String)) -> f64| {
+        let med = |f: &dyn Fn(&Sample) -> f64| {
             let mut v: Vec<f64> = per.iter().map(f).collect();
             median(&mut v)
         };
