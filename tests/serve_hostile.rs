@@ -264,7 +264,10 @@ fn hostile_requests_get_clean_errors_and_the_server_stays_up() {
     }
     let dir = harness::scratch("hostile");
     let model = harness::model(&dir);
-    let mut s = Server::start(&model, &["--queue", "2", "--max-body", "1MiB"]);
+    let mut s = Server::start(
+        &model,
+        &["--queue", "2", "--max-body", "1MiB", "--parallel", "1"],
+    );
     malformed_and_wrong_types(&mut s);
     healthy(&mut s);
     huge_bodies(&mut s);

@@ -1,4 +1,5 @@
-//! A bounded load test on loopback: 200 greedy requests at concurrency 8 against two engines;
+//! A bounded load test on loopback: 200 greedy requests at concurrency 8 against one engine
+//! holding four sequences that share passes (with lookup drafts and the prefix cache);
 //! each answer must equal the answer to the same request sent alone (nothing lost, cut or mixed
 //! up between requests), streamed or not.
 mod common;
@@ -106,7 +107,10 @@ fn two_hundred_concurrent_greedy_requests_match_their_solo_answers() {
     }
     let dir = harness::scratch("load");
     let model = harness::model(&dir);
-    let server = Server::start(&model, &["--parallel", "2", "--queue", "16"]);
+    let server = Server::start(
+        &model,
+        &["--parallel", "4", "--queue", "16", "--draft", "lookup"],
+    );
     let t0 = Instant::now();
     // Alone: one request at a time.
     let solo: Vec<_> = (0..DISTINCT).map(|i| send(&server, i, false)).collect();
@@ -202,6 +206,17 @@ fn two_hundred_concurrent_greedy_requests_match_their_solo_answers() {
             )),
         "{m}"
     );
+    // Drafting and the prefix cache report what they did (repeated prompts share pages).
+    assert!(
+        m.lines()
+            .any(|l| l.starts_with("flashlm_draft_acceptance_ratio ")),
+        "{m}"
+    );
+    let cached = m
+        .lines()
+        .find_map(|l| l.strip_prefix("flashlm_prefix_cache_tokens_total "))
+        .and_then(|v| v.parse::<u64>().ok());
+    assert!(cached.is_some_and(|c| c > 0), "{m}");
     let mut server = Arc::try_unwrap(server).ok().unwrap();
     assert!(server.alive());
 }

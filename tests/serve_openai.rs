@@ -35,7 +35,10 @@ fn the_openai_python_client_works_against_the_server() {
     };
     let dir = harness::scratch("openai");
     let model = harness::model(&dir);
-    let mut server = harness::Server::start(&model, &["--api-key", "test-key", "--queue", "0"]);
+    let mut server = harness::Server::start(
+        &model,
+        &["--api-key", "test-key", "--queue", "0", "--parallel", "1"],
+    );
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/serve/openai_client.py");
     let out = Command::new(py)
         .arg(script)

@@ -479,10 +479,14 @@ pub struct ServeArgs {
     /// Require `Authorization: Bearer KEY` on /v1/* and /metrics.
     #[arg(long, env = "FLASHLM_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
-    /// Sequences generated at once, each on its own engine (a --gpu-budget is shared
-    /// equally among them).
-    #[arg(long, default_value = "1", value_parser = parse_parallel)]
+    /// Sequences generated at once: they share each forward pass (continuous batching: a
+    /// request joins at the next pass), in one engine under one --gpu-budget.
+    #[arg(long, default_value = "4", value_parser = parse_parallel)]
     pub parallel: usize,
+    /// Draft tokens from each request's own context and verify them in its pass: lookup or
+    /// lookup:ngram=N,max=K (greedy output unchanged; sampling keeps its distribution).
+    #[arg(long)]
+    pub draft: Option<crate::engine::draft::DraftConfig>,
     /// Requests that may wait for a free sequence; beyond them, 429 at once.
     #[arg(long, default_value = "16", value_parser = parse_queue)]
     pub queue: usize,

@@ -1,15 +1,16 @@
 //! `serve`: listen first (so `/health` answers 503 while the model loads), then load the model
-//! and start the engines on a background thread, then serve until Ctrl-C.
+//! and start the engine on a background thread, then serve until Ctrl-C.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Cli, CliResult, ServeArgs, engine_options, precheck, resolve_model, start_engine};
+use crate::engine::{EngineError, PlacementError};
 use crate::model::chat::ChatTemplate;
 use crate::model::load_model;
 use crate::serve::{AppState, EngineBackend, EngineBackendOptions, ServeConfig, ServedModel};
 
-/// Load the model and start `a.parallel` engines.
+/// Load the model and start its engine, holding `a.parallel` sequences.
 fn load(cli: &Cli, a: &ServeArgs) -> CliResult<ServedModel> {
     let path = resolve_model(&a.model.model)?;
     let m = Arc::new(load_model(&path)?);
@@ -21,13 +22,21 @@ fn load(cli: &Cli, a: &ServeArgs) -> CliResult<ServedModel> {
         }
     };
     let mut opts = engine_options(cli, &a.model, m.cfg.n_layers)?;
-    // Each engine gets an equal share of the budget.
-    opts.gpu.budget = opts.gpu.budget.map(|b| b / a.parallel as u64);
+    // One engine holds every sequence; a pass carries a row per decoding sequence (and its
+    // drafts), and the output head computes all their logits from one read of its weights.
+    opts.max_seqs = a.parallel;
+    opts.ubatch = opts.ubatch.max(a.parallel);
+    let per_seq = 1 + a.draft.map_or(0, |d| d.max);
+    opts.logit_rows = (a.parallel * per_seq)
+        .min(opts.ubatch)
+        .min(16)
+        .max(opts.logit_rows);
     let backend_opts = EngineBackendOptions {
-        workers: a.parallel,
+        parallel: a.parallel,
         queue: a.queue,
         end_ids: m.tokenizer.eog_ids().to_vec(),
         reuse_prefix: true,
+        draft: a.draft,
     };
     let quiet_cli = Cli {
         list_adapters: false,
@@ -36,8 +45,38 @@ fn load(cli: &Cli, a: &ServeArgs) -> CliResult<ServedModel> {
         command: None,
     };
     let (mm, margs) = (m.clone(), a.model.clone());
-    let backend = EngineBackend::spawn(backend_opts, move |_| {
-        start_engine(&quiet_cli, &margs, &mm, opts.clone(), 256).map_err(|e| e.to_string())
+    let parallel = a.parallel;
+    let backend = EngineBackend::spawn(backend_opts, move || {
+        // Several sequences' KV pages and rows must fit the budget: unless --kv-page is given,
+        // smaller pages and passes are tried before giving up.
+        let mut tries = vec![(opts.kv_page, opts.ubatch)];
+        if margs.kv_page.is_none() {
+            for (page, ub) in [(16, 32), (8, 16), (4, 8)] {
+                tries.push((Some(page), opts.ubatch.min(ub).max(parallel)));
+            }
+        }
+        let mut first_err = None;
+        for (page, ub) in tries {
+            let mut o = opts.clone();
+            o.kv_page = page;
+            o.ubatch = ub;
+            o.logit_rows = o.logit_rows.min(ub);
+            match start_engine(&quiet_cli, &margs, &mm, o, 256) {
+                Ok(e) => return Ok(e),
+                Err(e) => {
+                    let too_small = matches!(
+                        e.downcast_ref::<EngineError>(),
+                        Some(EngineError::Placement(PlacementError::TooSmall { .. }))
+                    );
+                    let msg = e.to_string();
+                    first_err.get_or_insert(msg);
+                    if !too_small {
+                        break;
+                    }
+                }
+            }
+        }
+        Err(first_err.unwrap_or_default())
     })?;
     let id = path
         .file_stem()

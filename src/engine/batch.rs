@@ -38,6 +38,89 @@ impl Engine {
     /// Append each item's tokens to its sequence and return the logits after each item's last
     /// token. Items whose rows fit one pass together (at most the batch size) share it.
     pub fn forward_batch(&mut self, items: &[(u32, &[u32])]) -> Result<Vec<Vec<f32>>, EngineError> {
+        self.check_items(items)?;
+        let total: usize = items.iter().map(|i| i.1.len()).sum();
+        let mut out = vec![Vec::new(); items.len()];
+        if total <= self.ubatch {
+            let last = vec![1; items.len()];
+            let rows = self.forward_batch_rows(items, &last, false)?;
+            for (o, mut r) in out.iter_mut().zip(rows) {
+                *o = r.pop().unwrap_or_default();
+            }
+            return Ok(out);
+        }
+        // Too many rows for one pass: each item on its own, in batch-sized chunks.
+        for (k, &(seq, toks)) in items.iter().enumerate() {
+            let mut done = 0;
+            for chunk in toks.chunks(self.ubatch) {
+                let last = chunk.len() - 1;
+                let want = if done + chunk.len() == toks.len() {
+                    vec![last]
+                } else {
+                    Vec::new()
+                };
+                let mut got = Vec::new();
+                self.run_batch(&[(seq, chunk)], &want, &mut |_, l| got = l.to_vec())?;
+                done += chunk.len();
+                if !got.is_empty() {
+                    out[k] = got;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Tokens one pass carries at most.
+    pub fn pass_tokens(&self) -> usize {
+        self.ubatch
+    }
+
+    /// One pass over every item's tokens (together at most [`Engine::pass_tokens`]): returns,
+    /// per item, the logits after each of its last `last_rows[k]` tokens. With `exact`, every
+    /// row is computed with the decode-form kernels, so a sequence's logits are exactly what
+    /// token-by-token decoding computes, whatever else shares the pass (prefill chunks of one
+    /// request, decode rows and verified drafts of others).
+    pub fn forward_batch_rows(
+        &mut self,
+        items: &[(u32, &[u32])],
+        last_rows: &[usize],
+        exact: bool,
+    ) -> Result<Vec<Vec<Vec<f32>>>, EngineError> {
+        self.check_items(items)?;
+        let total: usize = items.iter().map(|i| i.1.len()).sum();
+        if total > self.ubatch || last_rows.len() != items.len() {
+            return Err(EngineError::Transfer(format!(
+                "one pass carries at most {} tokens, with one row count per item ({total} tokens, {} items, {} counts)",
+                self.ubatch,
+                items.len(),
+                last_rows.len()
+            )));
+        }
+        let mut want = Vec::new();
+        let mut owner = std::collections::HashMap::new();
+        let mut row = 0;
+        for (k, (i, &n)) in items.iter().zip(last_rows).enumerate() {
+            let n = n.min(i.1.len());
+            for r in row + i.1.len() - n..row + i.1.len() {
+                want.push(r);
+                owner.insert(r, k);
+            }
+            row += i.1.len();
+        }
+        let mut out: Vec<Vec<Vec<f32>>> = vec![Vec::new(); items.len()];
+        let keep = self.decode_form;
+        self.decode_form = exact || keep;
+        let r = self.run_batch(items, &want, &mut |r, l| {
+            if let Some(&k) = owner.get(&r) {
+                out[k].push(l.to_vec());
+            }
+        });
+        self.decode_form = keep;
+        r?;
+        Ok(out)
+    }
+
+    fn check_items(&self, items: &[(u32, &[u32])]) -> Result<(), EngineError> {
         for &(seq, toks) in items {
             let si = seq as usize;
             if si >= self.seqs.len() || !self.live[si] {
@@ -69,44 +152,7 @@ impl Engine {
                 "a sequence appears twice in one batch".into(),
             ));
         }
-        self.io_.source().check().map_err(EngineError::Flash)?;
-        let total: usize = items.iter().map(|i| i.1.len()).sum();
-        let mut out = vec![Vec::new(); items.len()];
-        if total <= self.ubatch {
-            let mut want = Vec::with_capacity(items.len());
-            let mut row = 0;
-            for i in items {
-                row += i.1.len();
-                want.push(row - 1);
-            }
-            let mut by_row = std::collections::HashMap::new();
-            self.run_batch(items, &want, &mut |r, l| {
-                by_row.insert(r, l.to_vec());
-            })?;
-            for (k, r) in want.iter().enumerate() {
-                out[k] = by_row.remove(r).unwrap_or_default();
-            }
-            return Ok(out);
-        }
-        // Too many rows for one pass: each item on its own, in batch-sized chunks.
-        for (k, &(seq, toks)) in items.iter().enumerate() {
-            let mut done = 0;
-            for chunk in toks.chunks(self.ubatch) {
-                let last = chunk.len() - 1;
-                let want = if done + chunk.len() == toks.len() {
-                    vec![last]
-                } else {
-                    Vec::new()
-                };
-                let mut got = Vec::new();
-                self.run_batch(&[(seq, chunk)], &want, &mut |_, l| got = l.to_vec())?;
-                done += chunk.len();
-                if !got.is_empty() {
-                    out[k] = got;
-                }
-            }
-        }
-        Ok(out)
+        self.io_.source().check().map_err(EngineError::Flash)
     }
 
     /// Prefill each prompt in its own new sequence, then decode all of them together, one token

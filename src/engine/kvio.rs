@@ -108,22 +108,32 @@ impl Engine {
     /// Bytes of page `page` of layer `l` (K rows then V rows): from the page file when it is
     /// there, else read back from its home slot.
     pub fn read_page(&mut self, l: usize, page: u32) -> Result<Vec<u8>, EngineError> {
+        self.read_seq_page(0, l, page)
+    }
+
+    /// [`Engine::read_page`] of sequence `seq`.
+    pub fn read_seq_page(&mut self, seq: u32, l: usize, page: u32) -> Result<Vec<u8>, EngineError> {
+        let si = seq as usize;
+        if si >= self.seqs.len() {
+            return Err(EngineError::BadSequence(seq));
+        }
         let pb = self.plan.kv.page_bytes;
         let mut out = vec![0u8; pb as usize];
         if let Some(store) = &self.io_.store
-            && page < self.seqs[0].written
+            && page < self.seqs[si].written
         {
-            store.read_pages(0, l as u32, page, 1, &mut out)?;
+            store.read_pages(seq, l as u32, page, 1, &mut out)?;
             return Ok(out);
         }
         let slot = self.map.home_slot(page) as u64;
-        if self.seqs[0].slot_owner.get(slot as usize) != Some(&page) {
+        if self.seqs[si].slot_owner.get(slot as usize) != Some(&page) {
             return Err(EngineError::Transfer(format!(
                 "KV page {page} of layer {l} is not on the device"
             )));
         }
+        let home = (self.map.home_base(seq) as u64 + slot) * pb;
         let mut enc = self.ctx.device.create_command_encoder(&Default::default());
-        enc.copy_buffer_to_buffer(&self.layers[l].home, slot * pb, &self.kvb.pageout, 0, pb);
+        enc.copy_buffer_to_buffer(&self.layers[l].home, home, &self.kvb.pageout, 0, pb);
         self.ctx.queue.submit([enc.finish()]);
         let bytes = self.ctx.read_mapped(&self.kvb.pageout, pb)?;
         out.copy_from_slice(&bytes[..pb as usize]);
@@ -139,7 +149,51 @@ impl Engine {
         tokens: &[u32],
         page: &mut PageSource<'_>,
     ) -> Result<(), EngineError> {
-        self.try_truncate(0)?;
+        self.place_seq_pages(0, tokens, page)
+    }
+
+    /// Make the first `n` tokens of sequence `dst` those of sequence `src`, copying their KV
+    /// pages instead of computing them (a shared prompt prefix). `n` must be a whole number of
+    /// pages (a partly filled page would be overwritten by `src`'s later rows).
+    pub fn copy_prefix(&mut self, src: u32, dst: u32, n: usize) -> Result<(), EngineError> {
+        let (si, di) = (src as usize, dst as usize);
+        if si >= self.seqs.len() || src == dst {
+            return Err(EngineError::BadSequence(src));
+        }
+        if di >= self.seqs.len() {
+            return Err(EngineError::BadSequence(dst));
+        }
+        let p_tok = self.map.page_tokens as usize;
+        if n > self.seqs[si].tokens.len() || !n.is_multiple_of(p_tok) {
+            return Err(EngineError::Transfer(format!(
+                "a copied prefix is whole pages of the source: {n} tokens of {}",
+                self.seqs[si].tokens.len()
+            )));
+        }
+        let tokens = self.seqs[si].tokens[..n].to_vec();
+        let n_pages = (n / p_tok) as u32;
+        let mut pages = Vec::with_capacity(self.layers.len() * n_pages as usize);
+        for l in 0..self.layers.len() {
+            for q in 0..n_pages {
+                pages.push(self.read_seq_page(src, l, q)?);
+            }
+        }
+        self.place_seq_pages(dst, &tokens, &mut |l, q, buf| {
+            let i = l * n_pages as usize + q as usize;
+            buf.copy_from_slice(&pages[i]);
+            Ok(())
+        })
+    }
+
+    /// [`Engine::place_pages`] into sequence `seq`.
+    pub fn place_seq_pages(
+        &mut self,
+        seq: u32,
+        tokens: &[u32],
+        page: &mut PageSource<'_>,
+    ) -> Result<(), EngineError> {
+        let si = seq as usize;
+        self.truncate_seq(seq, 0)?;
         if tokens.is_empty() {
             return Ok(());
         }
@@ -163,10 +217,10 @@ impl Engine {
                 if let Some(s) = &store
                     && q < full
                 {
-                    s.write_page(0, l as u32, q, &buf)?;
+                    s.write_page(seq, l as u32, q, &buf)?;
                 }
                 if self.map.is_home(q, top) {
-                    let slot = self.map.home_slot(q) as u64;
+                    let slot = (self.map.home_base(seq) + self.map.home_slot(q)) as u64;
                     self.ctx.write(&self.layers[l].home, slot * pb as u64, &buf);
                 }
                 if let Some(meta) = &self.layers[l].meta
@@ -182,15 +236,15 @@ impl Engine {
         for q in 0..=top {
             if self.map.is_home(q, top) {
                 let slot = self.map.home_slot(q) as usize;
-                if let Some(o) = self.seqs[0].slot_owner.get_mut(slot) {
+                if let Some(o) = self.seqs[si].slot_owner.get_mut(slot) {
                     *o = q;
                 }
             }
         }
         if store.is_some() {
-            self.seqs[0].written = full;
+            self.seqs[si].written = full;
         }
-        self.seqs[0].tokens = tokens.to_vec();
+        self.seqs[si].tokens = tokens.to_vec();
         Ok(())
     }
 

@@ -5,8 +5,11 @@
 //! [`store`] keeps a run's KV pages (P tokens of one layer of one sequence each) in a page file:
 //! written once when full, read back many times. [`session`] saves the tokens and pages of a
 //! conversation to a file that a later run loads instead of recomputing the shared prefix.
+//! [`prefix`] names full pages by a SHA-256 chain over their tokens, so requests that share a
+//! prompt prefix reuse its pages.
 
 pub mod pages;
+pub mod prefix;
 pub mod session;
 pub mod store;
 

@@ -81,6 +81,10 @@ pub struct BackendMetrics {
     pub capacity: usize,
     /// Prompt tokens run through the model (a reused cached prefix is not counted).
     pub prefill_tokens: u64,
+    /// Prompt tokens whose KV pages came from the prefix cache instead.
+    pub cached_prompt_tokens: u64,
+    /// Forward passes run (each serves every sequence in it).
+    pub passes: u64,
     /// Tokens generated.
     pub generated_tokens: u64,
     /// Bytes read from flash: model weights and KV pages.

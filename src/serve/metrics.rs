@@ -125,11 +125,21 @@ impl ServerMetrics {
             head(&mut s, name, "gauge", help);
             let _ = writeln!(s, "{name} {v}");
         }
-        let counters: [(&str, &str, u64); 3] = [
+        let counters: [(&str, &str, u64); 5] = [
             (
                 "flashlm_prefill_tokens_total",
                 "Prompt tokens run through the model (reused cached prefixes excluded).",
                 b.prefill_tokens,
+            ),
+            (
+                "flashlm_prefix_cache_tokens_total",
+                "Prompt tokens whose KV pages were reused from the prefix cache.",
+                b.cached_prompt_tokens,
+            ),
+            (
+                "flashlm_forward_passes_total",
+                "Forward passes over the model; each serves every sequence in it.",
+                b.passes,
             ),
             (
                 "flashlm_backend_generated_tokens_total",
@@ -180,6 +190,8 @@ mod tests {
             running: 1,
             capacity: 1,
             prefill_tokens: 11,
+            cached_prompt_tokens: 17,
+            passes: 19,
             generated_tokens: 13,
             flash_bytes_read: 4096,
             draft_acceptance: None,
@@ -194,6 +206,8 @@ mod tests {
             "flashlm_queue_length 3",
             "flashlm_running_sequences 1",
             "flashlm_flash_read_bytes_total 4096",
+            "flashlm_prefix_cache_tokens_total 17",
+            "flashlm_forward_passes_total 19",
             "flashlm_model_ready 1",
         ] {
             assert!(t.lines().any(|l| l == line), "missing {line:?} in\n{t}");

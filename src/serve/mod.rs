@@ -4,7 +4,7 @@
 //! chat messages with the model's template, tokenizes, and hands token requests to a
 //! [`Backend`]; tokens come back on a channel per request and are detokenized, cut at stop
 //! sequences ([`text`]) and sent whole or as server-sent events ([`handlers`]). The model side
-//! is behind the [`Backend`] trait; [`EngineBackend`] runs engines on worker threads.
+//! is behind the [`Backend`] trait; [`EngineBackend`] runs every request's sequence in one engine's shared passes.
 //!
 //! Limits: bodies over `max_body` get 413, prompts over the context or `max_prompt_tokens` 400,
 //! a full queue 429, a request past `timeout` is cancelled (504, or an error event when
@@ -12,6 +12,7 @@
 //! `HEADER_TIMEOUT` to send its headers. A client that goes away cancels its generation.
 
 pub mod backend;
+mod batcher;
 pub mod engine_backend;
 pub mod error;
 mod generate;
