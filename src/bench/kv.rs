@@ -72,6 +72,9 @@ pub struct ModeRow {
     pub placement: String,
     pub ppl: Option<f64>,
     pub ppl_stderr: Option<f64>,
+    /// The performance model's ms/token and TTFT (when this machine is calibrated).
+    pub predicted_ms_per_token: Option<f64>,
+    pub predicted_ttft_ms: Option<f64>,
 }
 
 /// One point of the hit-rate model's sweep.
@@ -203,6 +206,7 @@ pub fn run(o: &KvBenchOptions<'_>) -> BenchResult<KvReport> {
         s1.push(s);
     }
     let s1_ms = med(&s1, |s| s.ms_per_token);
+    let cal = crate::plan::perf::Calibration::load(&crate::plan::perf::Calibration::path()).ok();
 
     let mut rows = Vec::new();
     let mut adapter = String::new();
@@ -214,10 +218,15 @@ pub fn run(o: &KvBenchOptions<'_>) -> BenchResult<KvReport> {
         let opts = opts_for(&o.base, ctx_len, select)?;
         let mut runs = Vec::new();
         let mut extra = (0.0, 0.0, String::new(), 0u64);
+        let mut preds = Vec::new();
         for r in 0..o.runs {
             let mut e = c.engine(&opts, 0)?;
             let (_, s) = e.generate(&prompt, o.n_gen, &mut greedy(), |_| false, |_| true)?;
             let p = e.kv_prediction(&s);
+            if let Some(cal) = &cal {
+                let (t, ttft) = e.predict(cal, prompt.len(), s.selection_reuse);
+                preds.push((t.ms_per_token, ttft));
+            }
             eprintln!(
                 "S2 {mode} run {}: {:.1} ms/token, TTFT {:.0} ms, KV {:.0} B/token from flash (predicted {:.0})",
                 r + 1,
@@ -264,6 +273,14 @@ pub fn run(o: &KvBenchOptions<'_>) -> BenchResult<KvReport> {
             placement: extra.2,
             ppl: None,
             ppl_stderr: None,
+            predicted_ms_per_token: (!preds.is_empty()).then(|| {
+                let mut v: Vec<f64> = preds.iter().map(|p| p.0).collect();
+                super::median(&mut v)
+            }),
+            predicted_ttft_ms: (!preds.is_empty()).then(|| {
+                let mut v: Vec<f64> = preds.iter().map(|p| p.1).collect();
+                super::median(&mut v)
+            }),
         });
     }
 
@@ -475,6 +492,28 @@ impl KvReport {
                 },
                 r.peak_device_bytes
             ));
+        }
+        if self.rows.iter().any(|r| r.predicted_ms_per_token.is_some()) {
+            s.push_str(
+                "\nPerformance model (`flashlm calibrate` constants): predicted against measured, same runs\n\n\
+                 | S2 mode | ms/token predicted | measured | error | TTFT predicted, ms | measured | error |\n\
+                 |---|---|---|---|---|---|---|\n",
+            );
+            for r in &self.rows {
+                if let (Some(p), Some(t)) = (r.predicted_ms_per_token, r.predicted_ttft_ms) {
+                    s.push_str(&format!(
+                        "| {} | {:.1} | {:.1} | {:+.0}% | {:.0} | {:.0} | {:+.0}% |\n",
+                        r.mode,
+                        p,
+                        r.ms_per_token,
+                        (p / r.ms_per_token.max(1e-9) - 1.0) * 100.0,
+                        t,
+                        r.ttft_ms,
+                        (t / r.ttft_ms.max(1e-9) - 1.0) * 100.0
+                    ));
+                }
+            }
+            s.push('\n');
         }
         let base_ppl = self.rows.first().and_then(|r| r.ppl);
         s.push_str(&format!(

@@ -194,6 +194,10 @@ pub struct StreamRow {
     pub upload_over_raw_cold: f64,
     pub peak_device_bytes: u64,
     pub ttft_ms: f64,
+    /// The performance model's ms/token and time to first token for this run, from this
+    /// machine's calibration (`flashlm calibrate`); None when it is not calibrated.
+    pub predicted_ms_per_token: Option<f64>,
+    pub predicted_ttft_ms: Option<f64>,
 }
 
 /// The streaming benchmark (scenario S1 and a half-model budget, against all-resident).
@@ -221,6 +225,35 @@ impl StreamReport {
                 "NOT verified: figures may include page-cache hits"
             }
         );
+        let predicted: Vec<&StreamRow> = self
+            .rows
+            .iter()
+            .filter(|r| r.predicted_ms_per_token.is_some())
+            .collect();
+        let mut model = String::new();
+        if predicted.is_empty() {
+            model.push_str("\nNo calibration on this machine (`flashlm calibrate`): no predictions.\n");
+        } else {
+            model.push_str(
+                "\nPerformance model (`flashlm calibrate` constants): predicted against measured, same runs\n\n\
+                 | scenario | ms/token predicted | measured | error | TTFT predicted, ms | measured | error |\n\
+                 |---|---|---|---|---|---|---|\n",
+            );
+            for r in predicted {
+                let p = r.predicted_ms_per_token.unwrap_or(0.0);
+                let t = r.predicted_ttft_ms.unwrap_or(0.0);
+                model.push_str(&format!(
+                    "| {} | {:.1} | {:.1} | {:+.0}% | {:.0} | {:.0} | {:+.0}% |\n",
+                    r.scenario,
+                    p,
+                    r.ms_per_token,
+                    (p / r.ms_per_token.max(1e-9) - 1.0) * 100.0,
+                    t,
+                    r.ttft_ms,
+                    (t / r.ttft_ms.max(1e-9) - 1.0) * 100.0
+                ));
+            }
+        }
         for r in &self.rows {
             s.push_str(&format!(
                 "| {} | {} | {} | {} | {:.1} | {:.2} | {:.0} | {:.2} | {:.0}% | {:.3} | {:.2} | {} |\n",
@@ -242,13 +275,22 @@ impl StreamReport {
                 r.peak_device_bytes
             ));
         }
+        s.push_str(&model);
         s
     }
 }
 
 /// One streaming run: median ms/token, its figures, whether the cache was cold, the placement,
 /// the budget, the raw cold read beside it.
-type RunFigures = (f64, crate::engine::GenStats, bool, String, u64, f64);
+type RunFigures = (
+    f64,
+    crate::engine::GenStats,
+    bool,
+    String,
+    u64,
+    f64,
+    Option<(f64, f64)>,
+);
 
 /// Evict the model file from the page cache, then read it once sequentially: GB/s.
 pub fn raw_cold_read(path: &std::path::Path) -> Result<(f64, bool), Box<dyn std::error::Error>> {
@@ -300,6 +342,7 @@ pub fn stream(
     let mut adapter = String::new();
     let mut backend = String::new();
     let mut resident_ms = None;
+    let cal = crate::plan::perf::Calibration::load(&crate::plan::perf::Calibration::path()).ok();
     for sc in scenarios {
         let mut opts = base.clone();
         opts.gpu.budget = sc.budget;
@@ -335,7 +378,18 @@ pub fn stream(
             let (_, s) = engine.generate(&prompt, n_gen, &mut sampler, |_| false, |_| true)?;
             let mut ms = s.token_ms.clone();
             let med = median(&mut ms);
-            eprintln!("{}: {:.1} ms/token, {}", sc.name, med, engine.placement);
+            let pred = cal.as_ref().map(|c| {
+                let (p, ttft) = engine.predict(c, prompt.len(), s.selection_reuse);
+                (p.ms_per_token, ttft)
+            });
+            eprintln!(
+                "{}: {:.1} ms/token{}, {}",
+                sc.name,
+                med,
+                pred.map(|p| format!(" (predicted {:.1})", p.0))
+                    .unwrap_or_default(),
+                engine.placement
+            );
             adapter = engine.ctx.info.name.clone();
             backend = engine.ctx.backend_name();
             per_run.push((
@@ -345,6 +399,7 @@ pub fn stream(
                 engine.placement.to_string(),
                 engine.placement.budget,
                 r,
+                pred,
             ));
         }
         let m = |f: &dyn Fn(&RunFigures) -> f64| {
@@ -377,6 +432,8 @@ pub fn stream(
                 .max()
                 .unwrap_or(0),
             ttft_ms: m(&|r| r.1.ttft_ms),
+            predicted_ms_per_token: per_run[0].6.map(|_| m(&|r| r.6.map_or(0.0, |p| p.0))),
+            predicted_ttft_ms: per_run[0].6.map(|_| m(&|r| r.6.map_or(0.0, |p| p.1))),
         });
     }
     let raw = median(&mut raws);

@@ -17,6 +17,7 @@ pub mod hitrate;
 pub mod hitrate_sim;
 pub mod kvplan;
 pub mod perf;
+pub mod pipeline;
 pub mod placement;
 
 use thiserror::Error;

@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::ExecPlan;
+use super::pipeline::{Stage, simulate};
 use super::hitrate::{KvModelInput, KvPrediction, Policy, predict};
 
 /// Constants measured on one machine and adapter.
@@ -121,6 +122,26 @@ pub struct TokenWork {
     pub piece: u64,
     pub threads: usize,
     pub mode: String,
+    /// The pass step by step (layers in order, then the head), for the pipeline simulation;
+    /// empty: compute and I/O overlap as a whole.
+    pub stages: Vec<StageWork>,
+    /// Layer slots streamed layers cycle through; reads go straight into them (no ring).
+    pub slots: usize,
+    pub in_place: bool,
+}
+
+/// What one step of a pass reads and runs.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct StageWork {
+    /// Matrix weight bytes by type name.
+    pub matmul: BTreeMap<String, u64>,
+    /// Bytes read from flash (weights after the host cache, and KV pages) and copied from
+    /// staging to the device.
+    pub flash_bytes: f64,
+    pub upload_bytes: f64,
+    /// 0: a layer (layer slots), 1: the output head (chunk slots).
+    pub pool: usize,
+    pub pieces: usize,
 }
 
 /// A prediction, in milliseconds.
@@ -130,6 +151,10 @@ pub struct Prediction {
     pub weight_io_ms: f64,
     pub kv_io_ms: f64,
     pub ms_per_token: f64,
+    /// The pass with perfect overlap (the pipeline simulation), and the compute and I/O time
+    /// it hides; `ms_per_token` adds back the calibrated share of the hidden time.
+    pub pipelined_ms: f64,
+    pub overlapped_ms: f64,
 }
 
 /// Milliseconds per decoded token for `w` on the machine `c` describes.
@@ -147,13 +172,46 @@ pub fn predict_token(c: &Calibration, w: &TokenWork) -> Prediction {
     let kv_s = w.kv_flash_bytes / flash + w.kv_upload_bytes / up;
     let io = weight_s + kv_s;
     let beta = c.overlap_beta.clamp(0.0, 1.0);
-    let t = compute_s.max(io) + beta * compute_s.min(io);
+    let (pipelined, overlapped) = if w.stages.is_empty() {
+        (compute_s.max(io), compute_s.min(io))
+    } else {
+        let p = simulate(&stages(c, w, flash, up), w.slots, w.in_place);
+        (p.total_s, (p.serial_s - p.total_s).max(0.0))
+    };
+    // What overlap does not hide on this machine (calibrated).
+    let t = pipelined + beta * overlapped;
     Prediction {
         compute_ms: compute_s * 1e3,
         weight_io_ms: weight_s * 1e3,
         kv_io_ms: kv_s * 1e3,
         ms_per_token: t * 1e3,
+        pipelined_ms: pipelined * 1e3,
+        overlapped_ms: overlapped * 1e3,
     }
+}
+
+/// The stages of `w` in seconds: each layer's matrix products at the decode rates plus an equal
+/// share of the dispatches and attention; reads at the flash rate, copies at the upload rate.
+fn stages(c: &Calibration, w: &TokenWork, flash: f64, up: f64) -> Vec<Stage> {
+    let n_layers = w.stages.iter().filter(|s| s.pool == 0).count().max(1) as f64;
+    let spread = (w.dispatches as f64 * c.dispatch_s
+        + w.attn_bytes as f64 / (c.attn_gb_s.max(1e-6) * 1e9))
+        / n_layers;
+    w.stages
+        .iter()
+        .map(|s| Stage {
+            compute_s: s
+                .matmul
+                .iter()
+                .map(|(ty, &b)| b as f64 / (Calibration::rate(&c.matvec_gb_s, ty) * 1e9))
+                .sum::<f64>()
+                + if s.pool == 0 { spread } else { 0.0 },
+            read_s: s.flash_bytes / flash,
+            upload_s: s.upload_bytes / up,
+            pool: s.pool,
+            pieces: s.pieces,
+        })
+        .collect()
 }
 
 /// Milliseconds of prefill for `n` tokens in batches of `batch`: each batch computes its tokens
@@ -313,6 +371,53 @@ pub fn token_work(plan: &ExecPlan, n_past: usize, io: &RunIo, reuse: f64) -> Tok
     let attn_bytes = (attended * kv.kv_dim as f64 * 2.0 * elt as f64 * n_layers as f64) as u64;
     let streamed = streamed_weight_bytes(plan);
     let p = kv_prediction(plan, n_past, io.dram, reuse);
+    // The host cache keeps the first weight bytes it sees: flash reads are a share of them.
+    let flash_share = if streamed > 0 {
+        streamed.saturating_sub(io.dram) as f64 / streamed as f64
+    } else {
+        0.0
+    };
+    let kv_flash = p.flash_bytes_per_token / n_layers.max(1) as f64;
+    let kv_up = p.kv_bytes_per_token / n_layers.max(1) as f64;
+    let mut stages: Vec<StageWork> = plan
+        .layers
+        .iter()
+        .enumerate()
+        .map(|(l, lw)| {
+            let mut matmul: BTreeMap<String, u64> = BTreeMap::new();
+            for t in &lw.files {
+                *matmul.entry(t.ty.name().to_string()).or_default() += t.n_bytes;
+            }
+            let bytes: u64 = if plan.placement.resident_layers[l] {
+                0
+            } else {
+                lw.files.iter().map(|t| t.n_bytes).sum()
+            };
+            StageWork {
+                matmul,
+                flash_bytes: bytes as f64 * flash_share + kv_flash,
+                upload_bytes: if io.in_place { 0.0 } else { bytes as f64 } + kv_up,
+                pool: 0,
+                pieces: 1,
+            }
+        })
+        .collect();
+    let head_bytes = if plan.placement.head_resident {
+        0
+    } else {
+        head.n_bytes
+    };
+    stages.push(StageWork {
+        matmul: [(head.ty.name().to_string(), head.n_bytes)].into(),
+        flash_bytes: head_bytes as f64 * flash_share,
+        upload_bytes: head_bytes as f64,
+        pool: 1,
+        pieces: if head_bytes > 0 {
+            plan.head.n_chunks.max(1) as usize
+        } else {
+            1
+        },
+    });
     TokenWork {
         matmul_bytes,
         dispatches,
@@ -324,6 +429,9 @@ pub fn token_work(plan: &ExecPlan, n_past: usize, io: &RunIo, reuse: f64) -> Tok
         piece: io.piece,
         threads: io.threads,
         mode: io.mode.clone(),
+        stages,
+        slots: plan.placement.slots,
+        in_place: io.in_place,
     }
 }
 
@@ -379,6 +487,7 @@ mod tests {
             piece: 1 << 20,
             threads: 4,
             mode: "direct".into(),
+            ..Default::default()
         };
         let p = predict_token(&cal(), &w);
         assert!((p.compute_ms - 82.0).abs() < 1e-9, "{p:?}");
