@@ -98,8 +98,7 @@ pub fn calibration() -> Option<Calibration> {
 /// The device binding limit plans assume when no device is open.
 const PLAN_MAX_BINDING: u64 = 128 << 20;
 
-/// The planner: among the prefetch depths and I/O modes the flags leave open, the one the
-/// performance model predicts fastest at a context of `n_past` tokens.
+/// The planner over the prefetch depths and I/O modes the flags leave open.
 fn choose(
     m: &ModelArgs,
     model: &LoadedModel,
@@ -115,28 +114,25 @@ fn choose(
         Some(io) => vec![io],
         None => vec![IoMode::Direct, IoMode::Mmap],
     };
-    let mut best: Option<(usize, IoMode, f64)> = None;
-    for &p in &prefetches {
-        let mut po = opts.plan_options();
-        po.prefetch = p;
-        let Ok(plan) = ExecPlan::new(&model.gguf, &model.cfg, PLAN_MAX_BINDING, &po) else {
-            continue;
-        };
-        for &mode in &modes {
-            let io = RunIo {
-                mode: mode.to_string(),
-                piece: m.io_chunk,
-                threads: m.io_threads,
-                dram: m.dram_budget,
-                in_place: false,
-            };
-            let t = predict_token(cal, &token_work(&plan, n_past, &io, 0.5)).ms_per_token;
-            if best.is_none_or(|b| t < b.2) {
-                best = Some((p, mode, t));
-            }
-        }
-    }
-    best
+    let io = RunIo {
+        mode: String::new(),
+        piece: m.io_chunk,
+        threads: m.io_threads,
+        dram: m.dram_budget,
+        in_place: false,
+    };
+    crate::plan::choose::choose(
+        &model.gguf,
+        &model.cfg,
+        &opts.plan_options(),
+        PLAN_MAX_BINDING,
+        cal,
+        n_past,
+        &prefetches,
+        &modes,
+        &io,
+    )
+    .map(|c| (c.prefetch, c.io, c.ms_per_token))
 }
 
 /// Open the model file for run-time reads and start the engine; prints the placement. Unless
