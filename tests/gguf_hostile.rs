@@ -318,6 +318,51 @@ fn open_errors_and_files_on_disk() {
 // ---------------------------------------------------------------------------------------------
 // Random mutations
 
+#[test]
+fn truncation_at_every_prefix() {
+    let bytes = small_valid();
+    let f = GgufFile::from_bytes(bytes.clone()).unwrap();
+    let data_offset = f.data_offset as usize;
+    // The end of the tensor infos: padding follows up to the data section.
+    let header_end = {
+        // The last tensor info: name "w" (u64 length 1), n_dims, 2 dims, type, offset.
+        let name = [1, 0, 0, 0, 0, 0, 0, 0, b'w'];
+        let at = bytes.windows(name.len()).rposition(|w| w == name).unwrap();
+        at + name.len() + 4 + 2 * 8 + 4 + 8
+    };
+    assert!(
+        header_end < data_offset,
+        "the test file has padding before its data"
+    );
+    for cut in 0..bytes.len() {
+        let prefix = bytes[..cut].to_vec();
+        let err = match GgufFile::from_bytes(prefix) {
+            Ok(_) => panic!("a {cut}-byte prefix of a {}-byte file parsed", bytes.len()),
+            Err(e) => e,
+        };
+        let ok = match cut {
+            // Inside the fixed header: a plain short read.
+            0..24 => matches!(err, GgufError::Truncated { len, .. } if len == cut as u64),
+            // Inside metadata or tensor infos: a short read, or a count that no longer fits.
+            _ if cut < header_end => matches!(
+                err,
+                GgufError::Truncated { len, .. } | GgufError::CountTooLarge { len, .. }
+                    if len == cut as u64
+            ),
+            // Inside the padding before the data section.
+            _ if cut < data_offset => matches!(
+                err,
+                GgufError::Truncated { ref field, len, .. }
+                    if len == cut as u64 && field.contains("padding")
+            ),
+            // Inside the tensor data.
+            _ => matches!(err, GgufError::TensorOutOfBounds { data_len, .. }
+                if data_len == (cut - data_offset) as u64),
+        };
+        assert!(ok, "prefix of {cut} bytes: unexpected {err:?}");
+    }
+}
+
 /// Parses, and when that succeeds uses everything the parser vouched for.
 fn parse_and_use(bytes: Vec<u8>) {
     let Ok(f) = GgufFile::from_bytes(bytes) else {
