@@ -15,7 +15,11 @@ fn headless_run_prints_no_display_errors() {
         .join(format!("gpu-quiet-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let model = dir.join("tiny.gguf");
-    std::fs::write(&model, synthetic_llama(&SyntheticSpec::tiny(GgmlType::Q8_0), 3)).unwrap();
+    std::fs::write(
+        &model,
+        synthetic_llama(&SyntheticSpec::tiny(GgmlType::Q8_0), 3),
+    )
+    .unwrap();
     // As on a server: no display, no session runtime directory.
     let out = Command::new(env!("CARGO_BIN_EXE_flashlm"))
         .args(["run", "-p", "hi", "-n", "2", "-m"])

@@ -3,8 +3,6 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use regex::Regex;
-
 use super::pretok::{PreTokenizer, gpt2_byte_to_char};
 use super::special::SpecialMatcher;
 use super::{SPM_SPACE, TokenType, Tokenizer, TokenizerData, TokenizerError, TokenizerModel};
@@ -114,7 +112,7 @@ impl Tokenizer {
             (TokenizerModel::Bpe, Some(name)) => PreTokenizer::from_name(name),
             _ => PreTokenizer::Gpt2,
         };
-        let pre_regex = Regex::new(pre.pattern()).map_err(|e| {
+        let pre_regex = pre.regex().map_err(|e| {
             // The patterns are constants: this would be a bug in this file.
             TokenizerError::UnsupportedModel(format!("pre-tokenizer regex: {e}"))
         })?;

@@ -1,6 +1,8 @@
 //! Pre-tokenization for byte-level BPE: the `tokenizer.ggml.pre` regexes and the GPT-2 byte
 //! table.
 
+use std::sync::OnceLock;
+
 use regex::Regex;
 
 /// How byte-level BPE splits text into pieces before merging (`tokenizer.ggml.pre`).
@@ -49,6 +51,22 @@ impl PreTokenizer {
                 r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+"
             }
         }
+    }
+
+    /// The compiled pattern. Each pattern is compiled once per process (building a tokenizer
+    /// is then cheap: a compiled regex is shared by cloning).
+    pub(super) fn regex(self) -> Result<Regex, regex::Error> {
+        static COMPILED: [OnceLock<Regex>; 3] = [OnceLock::new(), OnceLock::new(), OnceLock::new()];
+        let slot = match self {
+            PreTokenizer::Gpt2 | PreTokenizer::DigitsThenGpt2 => &COMPILED[0],
+            PreTokenizer::Llama3 => &COMPILED[1],
+            PreTokenizer::Qwen2 => &COMPILED[2],
+        };
+        if let Some(re) = slot.get() {
+            return Ok(re.clone());
+        }
+        let re = Regex::new(self.pattern())?;
+        Ok(slot.get_or_init(|| re).clone())
     }
 
     /// Whether the pattern has the `\s*[\r\n]+` alternative before the final whitespace ones.
