@@ -19,7 +19,7 @@
 //! refused when the tokenizer is built).
 //!
 //! [`Tokenizer::new`] builds a tokenizer from plain data ([`TokenizerData`]);
-//! [`Tokenizer::from_gguf`] only reads that data from a [`GgufFile`].
+//! [`Tokenizer::from_gguf`] only reads that data from a [`GgufFile`](crate::gguf::GgufFile).
 
 mod bpe;
 mod build;
