@@ -132,7 +132,7 @@ fn small_synth_file_loads_decodes_and_runs() {
 
     // Matrices ~ N(0, 1/cols), norms ~ 1 + N(0, 0.01), as dequantized by the reader.
     let moments = |name: &str| {
-        let v = g.dequantize_tensor(g.tensor(name).unwrap());
+        let v = g.dequantize_tensor(g.tensor(name).unwrap()).unwrap();
         let n = v.len() as f64;
         let mean = v.iter().map(|&x| f64::from(x)).sum::<f64>() / n;
         let var = v

@@ -15,7 +15,9 @@
 use std::io::Write;
 use std::path::Path;
 
-use super::{ALIGNMENT_KEY, DEFAULT_ALIGNMENT, GGUF_MAGIC, GgmlType, MAX_ALIGNMENT, MetaValue};
+use super::{
+    ALIGNMENT_KEY, DEFAULT_ALIGNMENT, GGUF_MAGIC, GgmlType, MAX_ALIGNMENT, MetaArray, MetaValue,
+};
 
 /// Builds a GGUF v3 file in memory.
 #[derive(Default)]
@@ -35,6 +37,8 @@ pub trait GgufBytes {
     fn put_str(&mut self, s: &str);
     /// A value without its type id.
     fn put_value(&mut self, v: &MetaValue);
+    /// An array value (`element type | count | elements`).
+    fn put_array(&mut self, a: &MetaArray);
 }
 
 impl GgufBytes for Vec<u8> {
@@ -62,21 +66,44 @@ impl GgufBytes for Vec<u8> {
             MetaValue::U64(x) => self.extend_from_slice(&x.to_le_bytes()),
             MetaValue::I64(x) => self.extend_from_slice(&x.to_le_bytes()),
             MetaValue::F64(x) => self.extend_from_slice(&x.to_le_bytes()),
-            MetaValue::Array(items) => {
-                // An empty array has no element type of its own; it is written as u8.
-                let elem = items
-                    .first()
-                    .map_or(super::value_type::UINT8, MetaValue::type_id);
-                assert!(
-                    items.iter().all(|v| v.type_id() == elem),
-                    "GGUF arrays hold a single element type"
-                );
-                self.put_u32(elem);
-                self.put_u64(items.len() as u64);
-                for item in items {
-                    self.put_value(item);
-                }
-            }
+            MetaValue::Array(a) => self.put_array(a),
+        }
+    }
+    fn put_array(&mut self, a: &MetaArray) {
+        self.put_u32(a.elem_type());
+        self.put_u64(a.len() as u64);
+        match a {
+            MetaArray::U8(v) => self.extend_from_slice(v),
+            MetaArray::I8(v) => v
+                .iter()
+                .for_each(|x| self.extend_from_slice(&x.to_le_bytes())),
+            MetaArray::U16(v) => v
+                .iter()
+                .for_each(|x| self.extend_from_slice(&x.to_le_bytes())),
+            MetaArray::I16(v) => v
+                .iter()
+                .for_each(|x| self.extend_from_slice(&x.to_le_bytes())),
+            MetaArray::U32(v) => v
+                .iter()
+                .for_each(|x| self.extend_from_slice(&x.to_le_bytes())),
+            MetaArray::I32(v) => v
+                .iter()
+                .for_each(|x| self.extend_from_slice(&x.to_le_bytes())),
+            MetaArray::F32(v) => v
+                .iter()
+                .for_each(|x| self.extend_from_slice(&x.to_le_bytes())),
+            MetaArray::Bool(v) => v.iter().for_each(|&x| self.push(u8::from(x))),
+            MetaArray::U64(v) => v
+                .iter()
+                .for_each(|x| self.extend_from_slice(&x.to_le_bytes())),
+            MetaArray::I64(v) => v
+                .iter()
+                .for_each(|x| self.extend_from_slice(&x.to_le_bytes())),
+            MetaArray::F64(v) => v
+                .iter()
+                .for_each(|x| self.extend_from_slice(&x.to_le_bytes())),
+            MetaArray::String(v) => v.iter().for_each(|x| self.put_str(x)),
+            MetaArray::Array(v) => v.iter().for_each(|x| self.put_array(x)),
         }
     }
 }
@@ -142,9 +169,6 @@ impl GgufWriter {
     }
 
     /// Serialize: header, metadata, tensor infos, padding, aligned data.
-    ///
-    /// # Panics
-    /// If an array value mixes element types.
     pub fn to_bytes(&self) -> Vec<u8> {
         let alignment = self.layout_alignment();
         let sizes = self.tensors.iter().map(|t| t.3.len() as u64);
@@ -460,10 +484,7 @@ mod tests {
     fn metadata() -> Vec<(String, MetaValue)> {
         vec![
             ("general.name".into(), MetaValue::String("t".into())),
-            (
-                "list".into(),
-                MetaValue::Array(vec![MetaValue::I32(1), MetaValue::I32(-2)]),
-            ),
+            ("list".into(), MetaValue::Array(vec![1i32, -2].into())),
         ]
     }
 

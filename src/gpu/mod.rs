@@ -1,6 +1,7 @@
 //! The GPU context: adapter and device selection, a device-memory budget that counts every
 //! buffer, the pipeline cache, and blocking readback.
 
+mod instance;
 pub mod pipeline;
 pub mod profile;
 pub mod staging;
@@ -11,7 +12,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use thiserror::Error;
 
+pub use instance::{list_adapters, parse_backends};
 pub use pipeline::{Defines, PipelineCache};
+
+use instance::{backends_from, make_instance};
 
 /// Errors from the GPU layer.
 #[derive(Debug, Error)]
@@ -140,52 +144,6 @@ pub struct GpuOptions {
     pub budget: Option<u64>,
     /// Matrix kernel layout; `None` picks one from the adapter type.
     pub matmul_layout: Option<MatmulLayout>,
-}
-
-/// Parse a backend list such as "vulkan", "gl" or "vulkan,metal".
-pub fn parse_backends(s: &str) -> Result<wgpu::Backends, GpuError> {
-    let mut out = wgpu::Backends::empty();
-    for part in s.split(',').map(|p| p.trim().to_ascii_lowercase()) {
-        out |= match part.as_str() {
-            "vulkan" | "vk" => wgpu::Backends::VULKAN,
-            "metal" | "mtl" => wgpu::Backends::METAL,
-            "dx12" | "d3d12" => wgpu::Backends::DX12,
-            "gl" | "gles" | "opengl" => wgpu::Backends::GL,
-            "primary" => wgpu::Backends::PRIMARY,
-            "all" => wgpu::Backends::all(),
-            _ => return Err(GpuError::UnknownBackend(s.to_string())),
-        };
-    }
-    Ok(out)
-}
-
-fn backends_from(opts_backend: &Option<String>) -> Result<wgpu::Backends, GpuError> {
-    match opts_backend {
-        Some(b) => parse_backends(b),
-        None => match std::env::var("WGPU_BACKEND") {
-            Ok(b) if !b.is_empty() => parse_backends(&b),
-            // Vulkan, Metal or DX12 first; GL only where none of them has an adapter.
-            _ => Ok(wgpu::Backends::PRIMARY),
-        },
-    }
-}
-
-fn make_instance(backends: wgpu::Backends) -> wgpu::Instance {
-    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
-    desc.backends = backends;
-    wgpu::Instance::new(desc)
-}
-
-/// All adapters the given backends expose.
-pub fn list_adapters(backend: &Option<String>) -> Result<Vec<wgpu::AdapterInfo>, GpuError> {
-    let backends = if backend.is_none() && std::env::var("WGPU_BACKEND").is_err() {
-        wgpu::Backends::all()
-    } else {
-        backends_from(backend)?
-    };
-    let instance = make_instance(backends);
-    let adapters = pollster::block_on(instance.enumerate_adapters(backends));
-    Ok(adapters.iter().map(|a| a.get_info()).collect())
 }
 
 /// What a buffer from [`GpuContext::alloc_as`] is for.

@@ -250,7 +250,7 @@ fn factor_tensor(g: &GgufFile, name: &str, n: usize) -> Result<Option<Vec<f32>>,
     ) {
         return Err(bad(name, t.ty, "frequency factors must be F32 or F16"));
     }
-    let v = g.dequantize_tensor(t);
+    let v = g.dequantize_tensor(t)?;
     if let Some(x) = v.iter().find(|x| !(x.is_finite() && **x > 0.0)) {
         return Err(bad(name, x, "frequency factors must be finite and > 0"));
     }

@@ -4,9 +4,19 @@
 //! `add_generation_prompt`, `bos_token`, `eos_token` and a `raise_exception(message)` function,
 //! and are rendered with `trim_blocks` and `lstrip_blocks`. A few common Python string and dict
 //! methods (`strip`, `startswith`, `items`, ...) are provided because templates call them.
+//!
+//! A template comes from the model file, so it is untrusted code:
+//! - it cannot reach anything outside the render: minijinja is built without `include`,
+//!   `import` and `extends` (they do not parse), no loader is set, and no function or method
+//!   touches files, the environment or the network;
+//! - each render has a fuel budget ([`render_fuel`]) that bounds both the instructions run and
+//!   the bytes created (loops, string repetition, concatenation, `replace`, ...), and a
+//!   recursion limit ([`RECURSION_LIMIT`]); going past either fails with a typed error;
+//! - the template source is at most [`MAX_TEMPLATE_BYTES`].
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Mutex;
 
 use minijinja::syntax::SyntaxConfig;
 use minijinja::value::{Value, ValueKind};
@@ -23,6 +33,30 @@ pub const CHATML_TEMPLATE: &str = "{% for message in messages %}\
 
 const TEMPLATE_NAME: &str = "chat_template";
 
+/// Deepest nesting of macro calls, loops and blocks a render may reach.
+pub const RECURSION_LIMIT: usize = 100;
+/// Largest accepted template source (real templates are a few KiB).
+pub const MAX_TEMPLATE_BYTES: usize = 1 << 20;
+/// Fuel every render gets whatever its input: about this many instructions, or 64 times this
+/// many bytes of strings and lists created.
+pub const BASE_FUEL: u64 = 200_000;
+/// Extra fuel per 64 bytes of input (messages and the BOS/EOS texts): enough for a template to
+/// copy its input this many times.
+pub const FUEL_PER_INPUT_BLOCK: u64 = 32;
+
+/// The fuel a render of `messages` gets: [`BASE_FUEL`] plus [`FUEL_PER_INPUT_BLOCK`] per 64
+/// bytes of input.
+pub fn render_fuel(messages: &[ChatMessage], bos_token: &str, eos_token: &str) -> u64 {
+    let bytes = messages
+        .iter()
+        .map(|m| m.role.len() as u64 + m.content.len() as u64)
+        .fold(
+            bos_token.len() as u64 + eos_token.len() as u64,
+            u64::saturating_add,
+        );
+    BASE_FUEL.saturating_add((bytes / 64 + 1).saturating_mul(FUEL_PER_INPUT_BLOCK))
+}
+
 /// Everything that can go wrong while preparing or rendering a chat prompt.
 #[derive(Debug, Error)]
 pub enum ChatError {
@@ -32,6 +66,14 @@ pub enum ChatError {
     Syntax(#[source] Error),
     #[error("rendering the chat template failed: {0:#}")]
     Render(#[source] Error),
+    #[error("the chat template is {len} bytes, more than the {max} accepted")]
+    TooLarge { len: usize, max: usize },
+    #[error(
+        "the chat template used up its fuel ({fuel}): it runs too long or builds too much text"
+    )]
+    OutOfFuel { fuel: u64 },
+    #[error("the chat template nests deeper than {limit} levels")]
+    TooDeep { limit: usize },
 }
 
 /// One message of a conversation.
@@ -62,7 +104,8 @@ impl ChatMessage {
 
 /// A compiled chat template with the BOS/EOS texts it may refer to.
 pub struct ChatTemplate {
-    env: Environment<'static>,
+    /// Locked while rendering: each render sets its own fuel.
+    env: Mutex<Environment<'static>>,
     source: String,
     bos_token: String,
     eos_token: String,
@@ -86,7 +129,15 @@ impl ChatTemplate {
         eos_token: impl Into<String>,
     ) -> Result<Self, ChatError> {
         let source = source.into();
+        if source.len() > MAX_TEMPLATE_BYTES {
+            return Err(ChatError::TooLarge {
+                len: source.len(),
+                max: MAX_TEMPLATE_BYTES,
+            });
+        }
         let mut env = Environment::new();
+        env.set_recursion_limit(RECURSION_LIMIT);
+        env.set_fuel(Some(BASE_FUEL));
         let syntax = SyntaxConfig::builder()
             .trim_blocks(true)
             .lstrip_blocks(true)
@@ -98,7 +149,7 @@ impl ChatTemplate {
         env.add_template_owned(TEMPLATE_NAME, source.clone())
             .map_err(ChatError::Syntax)?;
         Ok(ChatTemplate {
-            env,
+            env: Mutex::new(env),
             source,
             bos_token: bos_token.into(),
             eos_token: eos_token.into(),
@@ -155,6 +206,7 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, ChatError> {
+        let fuel = render_fuel(messages, &self.bos_token, &self.eos_token);
         let messages: Vec<Value> = messages
             .iter()
             .map(|m| {
@@ -169,12 +221,39 @@ impl ChatTemplate {
         ctx.insert("add_generation_prompt", Value::from(add_generation_prompt));
         ctx.insert("bos_token", Value::from(self.bos_token.as_str()));
         ctx.insert("eos_token", Value::from(self.eos_token.as_str()));
-        let template = self
-            .env
-            .get_template(TEMPLATE_NAME)
-            .map_err(ChatError::Render)?;
-        template.render(Value::from(ctx)).map_err(ChatError::Render)
+        let mut env = self.env.lock().unwrap_or_else(|e| e.into_inner());
+        env.set_fuel(Some(fuel));
+        let template = env.get_template(TEMPLATE_NAME).map_err(ChatError::Render)?;
+        template
+            .render(Value::from(ctx))
+            .map_err(|e| render_error(e, fuel))
     }
+}
+
+/// Names running out of fuel and recursing too deep (anywhere in the error's chain).
+fn render_error(e: Error, fuel: u64) -> ChatError {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&e);
+    while let Some(c) = cause {
+        if let Some(m) = c.downcast_ref::<Error>() {
+            if m.kind() == ErrorKind::OutOfFuel {
+                return ChatError::OutOfFuel { fuel };
+            }
+            if m.kind() == ErrorKind::InvalidOperation
+                && m.detail() == Some("recursion limit exceeded")
+            {
+                return ChatError::TooDeep {
+                    limit: RECURSION_LIMIT,
+                };
+            }
+        }
+        cause = c.source();
+    }
+    ChatError::Render(e)
+}
+
+/// Charges the render for about `bytes` bytes it is about to create.
+fn charge(state: &State, bytes: usize) -> Result<(), Error> {
+    state.consume_fuel((bytes / 64) as u64 + 1)
 }
 
 /// `raise_exception(message)`: templates call it to reject a conversation.
@@ -198,13 +277,13 @@ fn wrong_args(method: &str) -> Error {
 
 /// Python methods that chat templates call on strings and dicts.
 fn python_method(
-    _state: &mut State,
+    state: &mut State,
     value: &Value,
     method: &str,
     args: &[Value],
 ) -> Result<Value, Error> {
     if let Some(s) = value.as_str() {
-        return string_method(s, method, args);
+        return string_method(state, s, method, args);
     }
     if value.kind() == ValueKind::Map {
         return map_method(value, method, args);
@@ -212,7 +291,9 @@ fn python_method(
     Err(Error::from(ErrorKind::UnknownMethod))
 }
 
-fn string_method(s: &str, method: &str, args: &[Value]) -> Result<Value, Error> {
+/// String methods. Those whose result can be much larger than their inputs (`replace`,
+/// `split`, `join`) pay for it before building it.
+fn string_method(state: &State, s: &str, method: &str, args: &[Value]) -> Result<Value, Error> {
     let strip_chars = |args: &[Value]| -> Option<Vec<char>> {
         arg_str(args, 0).map(|c| c.chars().collect::<Vec<char>>())
     };
@@ -275,14 +356,36 @@ fn string_method(s: &str, method: &str, args: &[Value]) -> Result<Value, Error> 
             let (Some(old), Some(new)) = (arg_str(args, 0), arg_str(args, 1)) else {
                 return Err(wrong_args(method));
             };
-            match args.get(2).and_then(|v| i64::try_from(v.clone()).ok()) {
-                Some(n) if n >= 0 => Value::from(s.replacen(old, new, n as usize)),
-                _ => Value::from(s.replace(old, new)),
+            let limit = match args.get(2).and_then(|v| i64::try_from(v.clone()).ok()) {
+                Some(n) if n >= 0 => usize::try_from(n).unwrap_or(usize::MAX),
+                _ => usize::MAX,
+            };
+            // An empty pattern matches before every character and at the end.
+            let matches = if old.is_empty() {
+                s.chars().count().saturating_add(1)
+            } else {
+                s.matches(old).count()
             }
+            .min(limit);
+            charge(
+                state,
+                s.len().saturating_add(matches.saturating_mul(new.len())),
+            )?;
+            Value::from(s.replacen(old, new, limit))
         }
         "split" => {
-            let parts: Vec<Value> = match arg_str(args, 0) {
+            let sep = arg_str(args, 0);
+            let n = match sep {
                 Some("") => return Err(wrong_args(method)),
+                Some(sep) => s.matches(sep).count().saturating_add(1),
+                None => s.split_whitespace().count(),
+            };
+            charge(
+                state,
+                s.len()
+                    .saturating_add(n.saturating_mul(std::mem::size_of::<Value>())),
+            )?;
+            let parts: Vec<Value> = match sep {
                 Some(sep) => s.split(sep).map(Value::from).collect(),
                 None => s.split_whitespace().map(Value::from).collect(),
             };
@@ -292,8 +395,15 @@ fn string_method(s: &str, method: &str, args: &[Value]) -> Result<Value, Error> 
             let Some(items) = args.first() else {
                 return Err(wrong_args(method));
             };
-            let parts: Vec<String> = items.try_iter()?.map(|v| v.to_string()).collect();
-            Value::from(parts.join(s))
+            let mut out = String::new();
+            for (i, v) in items.try_iter()?.enumerate() {
+                let part = v.to_string();
+                let sep = if i > 0 { s } else { "" };
+                charge(state, sep.len().saturating_add(part.len()))?;
+                out.push_str(sep);
+                out.push_str(&part);
+            }
+            Value::from(out)
         }
         "find" => {
             let Some(needle) = arg_str(args, 0) else {

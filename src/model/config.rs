@@ -62,6 +62,14 @@ pub enum ModelError {
     },
     #[error("token id {token} is out of range (vocab size {vocab})")]
     TokenOutOfRange { token: u32, vocab: usize },
+    #[error(
+        "the tokenizer has {tokens} tokens but {TOKEN_EMBD} has {embedding_rows} rows: \
+         every token needs exactly one embedding row"
+    )]
+    VocabMismatch {
+        tokens: usize,
+        embedding_rows: usize,
+    },
     #[error("position {pos} is invalid: {problem}")]
     BadPosition { pos: usize, problem: String },
 }
@@ -364,6 +372,16 @@ impl ModelConfig {
             arch,
         };
         super::tensors::validate(&cfg, g)?;
+        // Token ids index the embedding rows (and the output head): a vocabulary of another
+        // size would read past them or name rows no token can produce.
+        if let Some(tokens) = g.get_array("tokenizer.ggml.tokens")?
+            && tokens.len() != cfg.vocab_size
+        {
+            return Err(ModelError::VocabMismatch {
+                tokens: tokens.len(),
+                embedding_rows: cfg.vocab_size,
+            });
+        }
         Ok(cfg)
     }
 

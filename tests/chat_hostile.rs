@@ -1,0 +1,167 @@
+//! Malicious chat templates: each fails quickly with a typed error, and none reaches outside
+//! the render.
+
+use std::time::{Duration, Instant};
+
+use flashlm::model::chat::{
+    CHATML_TEMPLATE, ChatError, ChatMessage, ChatTemplate, MAX_TEMPLATE_BYTES, RECURSION_LIMIT,
+};
+
+/// Generous: the budget runs out in milliseconds.
+const BOUND: Duration = Duration::from_secs(2);
+
+fn render(src: &str) -> Result<String, ChatError> {
+    let t = ChatTemplate::new(src, "<s>", "</s>")?;
+    let start = Instant::now();
+    let r = t.render(&[ChatMessage::user("hi")], true);
+    assert!(
+        start.elapsed() < BOUND,
+        "{src:?} took {:?}",
+        start.elapsed()
+    );
+    r
+}
+
+fn out_of_fuel(src: &str) {
+    match render(src) {
+        Err(ChatError::OutOfFuel { fuel }) => assert!(fuel > 0),
+        other => panic!("{src:?}: expected OutOfFuel, got {other:?}"),
+    }
+}
+
+#[test]
+fn endless_loops_run_out_of_fuel() {
+    out_of_fuel("{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}");
+    out_of_fuel(
+        "{% for a in range(100000) %}{% for b in range(100000) %}{{ a }}{% endfor %}{% endfor %}",
+    );
+    // Loops over a list that keeps being rebuilt.
+    out_of_fuel(
+        "{% set ns = namespace(l=[1]) %}{% for i in range(100000) %}{% for j in range(100000) %}\
+         {% set ns.l = ns.l + [j] %}{% endfor %}{% endfor %}",
+    );
+}
+
+#[test]
+fn huge_strings_run_out_of_fuel_before_they_exist() {
+    out_of_fuel("{{ 'x' * 1000000000000 }}");
+    out_of_fuel("{{ ('x' * 100000) * 100000 }}");
+    // Doubling: 2^100 bytes after 100 steps.
+    out_of_fuel(
+        "{% set ns = namespace(s='xx') %}{% for i in range(100) %}{% set ns.s = ns.s ~ ns.s %}\
+         {% endfor %}{{ ns.s | length }}",
+    );
+    // Methods whose output dwarfs their input.
+    out_of_fuel("{% set s = 'a' * 100000 %}{{ s.replace('a', s) | length }}");
+    out_of_fuel("{% set s = 'a' * 100000 %}{{ s.replace('', s) | length }}");
+    out_of_fuel("{{ ('x' * 100000).join(range(100000)) | length }}");
+    out_of_fuel("{{ (',' * 1000000).split(',') | length }}");
+    out_of_fuel("{{ ('ab' * 100000) | replace('a', 'x' * 100000) | length }}");
+    out_of_fuel(
+        "{{ range(100000) | list | tojson | length }}{{ range(100000) | join('x' * 1000) }}",
+    );
+}
+
+#[test]
+fn deep_recursion_fails_with_a_typed_error() {
+    // Test threads have small stacks: the limit must bite long before the stack does.
+    for src in [
+        "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
+        "{% macro f(n) %}{% for i in [1] %}{% if true %}{{ f(n) }}{% endif %}{% endfor %}{% endmacro %}{{ f(0) }}",
+        "{% for x in [[1]] recursive %}{{ loop([[x]]) }}{% endfor %}",
+    ] {
+        match render(src) {
+            Err(ChatError::TooDeep { limit }) => assert_eq!(limit, RECURSION_LIMIT),
+            other => panic!("{src:?}: expected TooDeep, got {other:?}"),
+        }
+    }
+    // Deeply nested syntax is refused when compiling.
+    let nested = format!("{{{{ {}1{} }}}}", "(".repeat(5000), ")".repeat(5000));
+    assert!(matches!(render(&nested), Err(ChatError::Syntax(_))));
+    let nested = format!(
+        "{}x{}",
+        "{% if true %}".repeat(5000),
+        "{% endif %}".repeat(5000)
+    );
+    assert!(matches!(render(&nested), Err(ChatError::Syntax(_))));
+}
+
+#[test]
+fn no_way_out_of_the_template() {
+    // Loading other templates does not exist, whatever the name.
+    for src in [
+        "{% include '/etc/passwd' %}",
+        "{% include 'chat_template' %}",
+        "{% import '/etc/passwd' as p %}",
+        "{% from '/etc/passwd' import x %}",
+        "{% extends '/etc/passwd' %}",
+    ] {
+        match ChatTemplate::new(src, "", "") {
+            Err(ChatError::Syntax(_)) => {}
+            other => panic!("{src:?}: expected a syntax error, got {other:?}"),
+        }
+    }
+    // No function or filter reads files, the environment or runs programs.
+    for src in [
+        "{{ open('/etc/passwd') }}",
+        "{{ env('HOME') }}",
+        "{{ ''.__class__ }}",
+        "{{ cycler.__init__.__globals__ }}",
+        "{{ self.__init__ }}",
+        "{{ lipsum() }}",
+        "{{ '/etc/passwd' | read }}",
+    ] {
+        match render(src) {
+            Err(ChatError::Render(_) | ChatError::Syntax(_)) => {}
+            Ok(out) => assert!(!out.contains("root:"), "{src:?} -> {out:?}"),
+            Err(e) => panic!("{src:?}: {e}"),
+        }
+    }
+}
+
+#[test]
+fn oversized_templates_are_refused() {
+    let src = "x".repeat(MAX_TEMPLATE_BYTES + 1);
+    assert!(matches!(
+        ChatTemplate::new(src, "", ""),
+        Err(ChatError::TooLarge { len, max }) if len == MAX_TEMPLATE_BYTES + 1 && max == MAX_TEMPLATE_BYTES
+    ));
+    assert!(ChatTemplate::new("x".repeat(MAX_TEMPLATE_BYTES), "", "").is_ok());
+}
+
+#[test]
+fn real_conversations_stay_within_budget() {
+    let t = ChatTemplate::new(CHATML_TEMPLATE, "", "<|im_end|>").unwrap();
+    // A 4 MB message: the budget grows with the input.
+    let big = "word ".repeat(800_000);
+    let out = t.render(&[ChatMessage::user(big.clone())], true).unwrap();
+    assert!(out.contains(&big));
+    // A long conversation.
+    let turns: Vec<ChatMessage> = (0..2000)
+        .map(|i| {
+            if i % 2 == 0 {
+                ChatMessage::user(format!("question {i}"))
+            } else {
+                ChatMessage::assistant(format!("answer {i}"))
+            }
+        })
+        .collect();
+    let out = t.render(&turns, true).unwrap();
+    assert!(out.contains("answer 1999"));
+    // Fuel is per render: an exhausted render does not starve the next one.
+    let greedy = ChatTemplate::new(
+        "{% if messages[0].content == 'spin' %}{% for a in range(100000) %}{% for b in range(100000) %}\
+         {% endfor %}{% endfor %}{% endif %}ok",
+        "",
+        "",
+    )
+    .unwrap();
+    assert!(matches!(
+        greedy.render(&[ChatMessage::user("spin")], false),
+        Err(ChatError::OutOfFuel { .. })
+    ));
+    assert_eq!(
+        greedy.render(&[ChatMessage::user("x")], false).unwrap(),
+        "ok"
+    );
+}
