@@ -27,6 +27,8 @@ else
     python3 -m pip install --quiet --user --break-system-packages "gguf==$GGUF_PY" "numpy==$NUMPY_PY"
   export FLASHLM_PYTHON=python3
 fi
+# The server tests' openai client goes into the same environment.
+export PYTHON="$FLASHLM_PYTHON"
 scripts/setup-serve-tests.sh
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

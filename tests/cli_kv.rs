@@ -101,6 +101,40 @@ fn session_saved_then_resumed_in_a_new_process() {
         let text = String::from_utf8_lossy(&info.stdout);
         assert!(info.status.success() && text.contains("tokens"), "{text}");
     }
+    // Checked against its model, and against another model (a synthetic one).
+    let info = bin()
+        .arg("session-info")
+        .arg(&session)
+        .arg("-m")
+        .arg(&model)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&info.stdout);
+    assert!(
+        info.status.success() && text.contains("matches model"),
+        "{text}"
+    );
+    let other = dir.join("other.gguf");
+    flashlm::model::synthetic::write_synthetic_file(
+        &flashlm::model::synthetic::SyntheticSpec::tiny(flashlm::gguf::GgmlType::F32),
+        1,
+        1,
+        &other,
+        &mut |_, _| {},
+    )
+    .unwrap();
+    let info = bin()
+        .arg("session-info")
+        .arg(&session)
+        .arg("-m")
+        .arg(&other)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&info.stderr);
+    assert!(
+        !info.status.success() && err.contains("not the model"),
+        "{err}"
+    );
     // Another page size: refused, naming it, nothing generated.
     let out = bin()
         .args([
@@ -240,6 +274,10 @@ fn numeric_flags_are_bounded() {
         vec!["--kv-select", "quest:150%"],
         vec!["--kv-select", "lru:4"],
         vec!["-n", "-1"],
+        vec!["--resident", "0-18446744073709551614"],
+        vec!["--resident", "0-4000000000"],
+        vec!["--io-chunk", "0"],
+        vec!["--io-chunk", "2GiB"],
     ] {
         let out = bin()
             .args(["run", "--prompt", "hi", "-m"])

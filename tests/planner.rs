@@ -48,7 +48,9 @@ fn greedy(e: &mut Engine, prompt: &[u32]) -> Vec<u32> {
         temperature: 0.0,
         ..Default::default()
     });
-    e.generate(prompt, 6, &mut s, |_| false, |_| true).unwrap().0
+    e.generate(prompt, 6, &mut s, |_| false, |_| true)
+        .unwrap()
+        .0
 }
 
 #[test]

@@ -29,7 +29,9 @@ fn profile_table_sums_to_the_measured_time() {
         temperature: 0.0,
         ..Default::default()
     });
-    let (ids, st) = e.generate(&prompt, 12, &mut s, |_| false, |_| true).unwrap();
+    let (ids, st) = e
+        .generate(&prompt, 12, &mut s, |_| false, |_| true)
+        .unwrap();
     assert_eq!(ids.len(), 12);
     let report = e.profile_report();
     let table = report.to_table();
@@ -53,5 +55,8 @@ fn profile_table_sums_to_the_measured_time() {
         report.source
     );
     // Matrix kernels report the rate at which they read their weights.
-    assert!(report.rows.iter().any(|r| r.gb_s.is_some_and(|g| g > 0.0)), "{table}");
+    assert!(
+        report.rows.iter().any(|r| r.gb_s.is_some_and(|g| g > 0.0)),
+        "{table}"
+    );
 }

@@ -232,7 +232,9 @@ impl StreamReport {
             .collect();
         let mut model = String::new();
         if predicted.is_empty() {
-            model.push_str("\nNo calibration on this machine (`flashlm calibrate`): no predictions.\n");
+            model.push_str(
+                "\nNo calibration on this machine (`flashlm calibrate`): no predictions.\n",
+            );
         } else {
             model.push_str(
                 "\nPerformance model (`flashlm calibrate` constants): predicted against measured, same runs\n\n\

@@ -60,13 +60,16 @@ pub enum Command {
         prompt_tokens: usize,
         /// The device's largest storage binding, in bytes (default: 128MiB, the smallest
         /// common limit).
-        #[arg(long, value_parser = parse_size_arg)]
+        #[arg(long, value_parser = parse_max_binding)]
         max_binding: Option<u64>,
     },
     /// Show what a saved session file holds (tokens, pages, sizes, the model it belongs to).
     SessionInfo {
         /// The session file.
         file: PathBuf,
+        /// Also check the session against this model file (its header hash and config).
+        #[arg(long, short = 'm')]
+        model: Option<PathBuf>,
     },
     /// Evaluations.
     Eval(EvalArgs),
@@ -110,6 +113,7 @@ bounded_parser!(parse_top_k, usize, "--top-k", 0, 1 << 24);
 bounded_parser!(parse_last_n, usize, "--repeat-last-n", 0, 1 << 22);
 bounded_parser!(parse_runs, usize, "--runs", 1, 1000);
 bounded_parser!(parse_chunks, usize, "--chunks", 1, 1 << 20);
+bounded_parser!(parse_ppl_chunks, usize, "--ppl-chunks", 0, 1 << 20);
 bounded_parser!(parse_tokens, usize, "token count", 1, 1 << 22);
 bounded_parser!(parse_port, u16, "--port", 0, 65535);
 bounded_parser!(parse_parallel, usize, "--parallel", 1, 64);
@@ -129,6 +133,22 @@ fn parse_body_size(s: &str) -> Result<u64, String> {
 
 pub fn parse_size_arg(s: &str) -> Result<u64, String> {
     crate::flash::parse_size(s)
+}
+
+fn bounded_size(s: &str, what: &str, lo: u64, hi: u64) -> Result<u64, String> {
+    let v = crate::flash::parse_size(s).map_err(|e| format!("{what}: {e}"))?;
+    if !(lo..=hi).contains(&v) {
+        return Err(format!("{what} must be from {lo} to {hi} bytes, got {s:?}"));
+    }
+    Ok(v)
+}
+
+fn parse_io_chunk(s: &str) -> Result<u64, String> {
+    bounded_size(s, "--io-chunk", 1, crate::flash::MAX_CHUNK as u64)
+}
+
+fn parse_max_binding(s: &str) -> Result<u64, String> {
+    bounded_size(s, "--max-binding", 1 << 20, 1 << 40)
 }
 
 #[derive(Args, Debug, Clone)]
@@ -153,7 +173,7 @@ pub struct ModelArgs {
     #[arg(long, default_value = "4", value_parser = parse_io_threads)]
     pub io_threads: usize,
     /// Bytes per read request, e.g. 1MiB.
-    #[arg(long, default_value = "1MiB", value_parser = parse_size_arg)]
+    #[arg(long, default_value = "1MiB", value_parser = parse_io_chunk)]
     pub io_chunk: u64,
     /// Host-side cache shared by weight bytes and KV pages (kept in DRAM instead of re-read
     /// from flash), e.g. 64MiB.
@@ -263,6 +283,10 @@ pub struct RunArgs {
     /// Tokens to generate.
     #[arg(short = 'n', long = "n-predict", default_value = "64", value_parser = parse_n)]
     pub n: usize,
+    /// Keep generating past end-of-generation tokens, so exactly -n tokens are decoded
+    /// (benchmarks).
+    #[arg(long)]
+    pub ignore_eos: bool,
     #[command(flatten)]
     pub sample: SampleArgs,
     /// Write the run's figures and token ids as JSON.
@@ -376,10 +400,10 @@ pub enum BenchKind {
         #[arg(long, default_value = "3", value_parser = parse_runs)]
         runs: usize,
         /// Perplexity chunks per mode (0: skip perplexity).
-        #[arg(long, default_value = "1")]
+        #[arg(long, default_value = "1", value_parser = parse_ppl_chunks)]
         ppl_chunks: usize,
         /// Page sizes to compare (comma list; empty: skip).
-        #[arg(long, value_delimiter = ',', default_value = "16,32,64,128,256")]
+        #[arg(long, value_delimiter = ',', default_value = "16,32,64,128,256", value_parser = parse_kv_page)]
         page_sweep: Vec<u32>,
         /// Write the figures as JSON.
         #[arg(long)]
@@ -421,6 +445,10 @@ pub enum BenchKind {
     /// Resident prefill and decode tok/s per weight type on the default model's shape
     /// (synthetic weights, written once to the cache directory).
     Types {
+        /// A model whose shape (layers, widths, heads, vocabulary) the synthetic models take
+        /// (default: the default model's shape; its file is not needed).
+        #[arg(long, short = 'm')]
+        model: Option<PathBuf>,
         /// Types to compare (default: every supported quantized type and F16).
         #[arg(long, value_delimiter = ',')]
         types: Vec<String>,

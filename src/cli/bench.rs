@@ -98,7 +98,18 @@ pub fn bench(cli: &Cli, b: &BenchArgs) -> CliResult<()> {
             }
             Ok(())
         }
-        BenchKind::Types { types, runs, json } => {
+        BenchKind::Types {
+            model,
+            types,
+            runs,
+            json,
+        } => {
+            let shape = match model {
+                Some(p) => crate::bench::types::shape_of(
+                    &load_model(&resolve_model(&Some(p.clone()))?)?.cfg,
+                ),
+                None => crate::bench::types::default_shape(crate::gguf::GgmlType::F16),
+            };
             let list = if types.is_empty() {
                 crate::bench::types::TYPES.to_vec()
             } else {
@@ -116,7 +127,7 @@ pub fn bench(cli: &Cli, b: &BenchArgs) -> CliResult<()> {
                 },
                 ..Default::default()
             };
-            let report = crate::bench::types::run(&base, &list, *runs)?;
+            let report = crate::bench::types::run(&base, &shape, &list, *runs)?;
             println!("{}", report.to_markdown());
             if let Some(j) = json {
                 std::fs::write(j, serde_json::to_string_pretty(&report)?)

@@ -77,8 +77,9 @@ pub fn engine_options(cli: &Cli, m: &ModelArgs, n_layers: usize) -> CliResult<En
 
 /// Check the flags that need no model before loading anything.
 pub fn precheck(m: &ModelArgs) -> CliResult<()> {
-    // Syntax of --resident (layer numbers are checked against the model later).
-    ResidentSpec::parse(&m.resident, usize::MAX)?;
+    // Syntax of --resident (layer numbers are checked against the model later, and can never
+    // pass the most layers any model may have).
+    ResidentSpec::parse(&m.resident, crate::model::config::MAX_LAYERS as usize)?;
     if let Some(s) = &m.kv_select {
         KvSelect::parse(s, m.kv_select_dense_layers)?;
     }
@@ -229,9 +230,29 @@ pub fn main_with(cli: Cli) -> CliResult<()> {
             *prompt_tokens,
             max_binding.unwrap_or(PLAN_MAX_BINDING),
         ),
-        Some(Command::SessionInfo { file }) => {
+        Some(Command::SessionInfo { file, model }) => {
             let s = crate::kv::session::Session::open(file)?;
             println!("{}", s.info());
+            if let Some(p) = model {
+                let m = load_model(&resolve_model(&Some(p.clone()))?)?;
+                let id = s.identity();
+                let hash = crate::kv::session::model_hash(&m.gguf)?;
+                if hash != id.model_hash {
+                    return Err(format!(
+                        "{} is not the model this session was saved from (its header hash differs)",
+                        p.display()
+                    )
+                    .into());
+                }
+                if m.cfg.summary() != id.config {
+                    return Err(format!(
+                        "{} has another config than the one this session was saved with",
+                        p.display()
+                    )
+                    .into());
+                }
+                println!("matches model {} (header hash and config)", p.display());
+            }
             Ok(())
         }
         Some(Command::Run(a)) => run::run(&cli, a),

@@ -73,7 +73,8 @@ fn open_session(engine: &Engine, path: &Path) -> CliResult<Option<Session>> {
         return Ok(None);
     }
     let s = Session::open(path).map_err(|e| format!("session {}: {e}", path.display()))?;
-    s.check_identity(&engine.session_identity())
+    let id = engine.session_identity().map_err(|e| e.to_string())?;
+    s.check_identity(&id)
         .map_err(|e| format!("session {}: {e}", path.display()))?;
     Ok(Some(s))
 }
@@ -123,6 +124,7 @@ pub fn run(cli: &Cli, a: &RunArgs) -> CliResult<()> {
         }
         true
     };
+    let is_end = |id| !a.ignore_eos && tk.is_end_of_generation(id);
     let (generated, stats, drafting) = match &a.draft {
         Some(d) => {
             let (g, s, ds) = engine.generate_drafted(
@@ -130,19 +132,13 @@ pub fn run(cli: &Cli, a: &RunArgs) -> CliResult<()> {
                 a.n,
                 &mut sampler,
                 d,
-                |id| tk.is_end_of_generation(id),
+                is_end,
                 emit,
             )?;
             (g, s, Some(ds))
         }
         None => {
-            let (g, s) = engine.generate(
-                &prompt_ids[reused..],
-                a.n,
-                &mut sampler,
-                |id| tk.is_end_of_generation(id),
-                emit,
-            )?;
+            let (g, s) = engine.generate(&prompt_ids[reused..], a.n, &mut sampler, is_end, emit)?;
             (g, s, None)
         }
     };

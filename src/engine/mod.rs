@@ -109,7 +109,8 @@ impl From<PlanError> for EngineError {
     }
 }
 
-/// Reads through the GGUF file's own memory map (the default when no flash reader is given).
+/// Reads through the GGUF file's own checked reads (the default when no flash reader is given):
+/// a file that shrinks under the process is an error, not a fault.
 pub struct MapSource {
     file: Arc<GgufFile>,
     read: std::sync::atomic::AtomicU64,
@@ -126,7 +127,7 @@ impl MapSource {
 
 impl ChunkSource for MapSource {
     fn read_into(&self, offset: u64, dst: &mut [u8]) -> Result<(), SourceError> {
-        self.file.bytes().read_into(offset, dst)?;
+        self.file.read_at(offset, dst)?;
         self.read
             .fetch_add(dst.len() as u64, std::sync::atomic::Ordering::Relaxed);
         Ok(())

@@ -9,15 +9,15 @@ use crate::kv::session::{self, SaveFault, SaveStats, Session, SessionIdentity};
 impl Engine {
     /// What a session of this engine must match: the model file, the config, the KV element
     /// type and the page geometry.
-    pub fn session_identity(&self) -> SessionIdentity {
-        SessionIdentity {
-            model_hash: session::model_hash(&self.gguf),
+    pub fn session_identity(&self) -> Result<SessionIdentity, EngineError> {
+        Ok(SessionIdentity {
+            model_hash: session::model_hash(&self.gguf)?,
             config: self.cfg.summary(),
             kv_type: if self.plan.kv.f16 { "f16" } else { "f32" }.to_string(),
             page_tokens: self.plan.kv.page_tokens,
             n_layers: self.cfg.n_layers as u32,
             page_bytes: self.plan.kv.page_bytes,
-        }
+        })
     }
 
     /// Save the cached tokens and their pages to `path` (atomically: a failure leaves the
@@ -32,7 +32,7 @@ impl Engine {
         path: &Path,
         fault: Option<SaveFault>,
     ) -> Result<SaveStats, EngineError> {
-        let id = self.session_identity();
+        let id = self.session_identity()?;
         let tokens = self.seqs[0].tokens.clone();
         let mut fill = |l: u32, p: u32, dst: &mut [u8]| -> Result<(), crate::flash::SourceError> {
             let bytes = self.read_page(l as usize, p)?;
@@ -46,7 +46,7 @@ impl Engine {
     /// prompt token, whose logits are still needed); returns how many tokens were loaded.
     /// A session of another model or configuration is an error naming what differs.
     pub fn resume(&mut self, session: &Session, prompt: &[u32]) -> Result<usize, EngineError> {
-        session.check_identity(&self.session_identity())?;
+        session.check_identity(&self.session_identity()?)?;
         let common = session
             .tokens()
             .iter()

@@ -13,10 +13,34 @@ use std::sync::{Arc, Mutex};
 use super::GpuError;
 
 /// Declarations shared by every shader.
-const COMMON: &str = include_str!("../../shaders/common.wgsl");
+const COMMON_BUILT_IN: &str = include_str!("../../shaders/common.wgsl");
 
-/// The shader files, embedded at build time.
+/// The shader files, embedded at build time; with `FLASHLM_SHADER_DIR` set (shader work), read
+/// from `$FLASHLM_SHADER_DIR/NAME.wgsl` instead, once per process.
 pub fn shader_source(name: &str) -> Option<&'static str> {
+    let built_in = built_in_source(name)?;
+    let Some(dir) = std::env::var_os("FLASHLM_SHADER_DIR") else {
+        return Some(built_in);
+    };
+    static LOADED: std::sync::OnceLock<Mutex<HashMap<String, &'static str>>> =
+        std::sync::OnceLock::new();
+    let mut loaded = LOADED.get_or_init(Default::default).lock().ok()?;
+    if let Some(s) = loaded.get(name) {
+        return Some(s);
+    }
+    let path = std::path::Path::new(&dir).join(format!("{name}.wgsl"));
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => &*Box::leak(t.into_boxed_str()),
+        Err(e) => {
+            log::warn!("{}: {e}; using the built-in {name} shader", path.display());
+            built_in
+        }
+    };
+    loaded.insert(name.to_string(), text);
+    Some(text)
+}
+
+fn built_in_source(name: &str) -> Option<&'static str> {
     Some(match name {
         "matmul" => include_str!("../../shaders/matmul.wgsl"),
         "rmsnorm" => include_str!("../../shaders/rmsnorm.wgsl"),
@@ -26,6 +50,7 @@ pub fn shader_source(name: &str) -> Option<&'static str> {
         "kv" => include_str!("../../shaders/kv.wgsl"),
         "roofline" => include_str!("../../shaders/roofline.wgsl"),
         "matmul_quant" => include_str!("../../shaders/matmul_quant.wgsl"),
+        "common" => COMMON_BUILT_IN,
         _ => return None,
     })
 }
@@ -93,7 +118,7 @@ pub fn preprocess(src: &str, defines: &Defines) -> Result<String, String> {
             out.push_str(&format!("const {k} = {v};\n"));
         }
     }
-    out.push_str(COMMON);
+    out.push_str(shader_source("common").unwrap_or(COMMON_BUILT_IN));
     // Stack of (this block active, some branch already taken).
     let mut stack: Vec<(bool, bool)> = Vec::new();
     let active = |stack: &Vec<(bool, bool)>| stack.iter().all(|&(a, _)| a);
@@ -212,7 +237,7 @@ mod tests {
         let src = "a\n#ifdef X\nb\n#else\nc\n#endif\n#ifndef Y\nd\n#endif\ne";
         let out = preprocess(src, &Defines::new().flag("X").val("N", "4u")).unwrap();
         let lines: Vec<&str> = out.lines().filter(|l| !l.is_empty()).collect();
-        let common = COMMON.lines().filter(|l| !l.is_empty()).count();
+        let common = COMMON_BUILT_IN.lines().filter(|l| !l.is_empty()).count();
         assert_eq!(lines[1 + common..], ["a", "b", "d", "e"]);
         assert_eq!(lines[0], "const N = 4u;");
         let out = preprocess(src, &Defines::new().flag("Y")).unwrap();

@@ -69,11 +69,21 @@ pub struct SessionIdentity {
     pub page_bytes: u64,
 }
 
-/// SHA-256 over the model file's bytes before its tensor data (header, metadata, tensor table).
-pub fn model_hash(gguf: &crate::gguf::GgufFile) -> [u8; 32] {
-    let b = gguf.bytes();
-    let end = usize::try_from(gguf.data_offset).map_or(b.len(), |d| d.min(b.len()));
-    Sha256::digest(&b[..end]).into()
+/// SHA-256 over the model file's bytes before its tensor data (header, metadata, tensor table),
+/// copied out in pieces with checked reads, so a file truncated under the process is an error
+/// rather than a fault.
+pub fn model_hash(gguf: &crate::gguf::GgufFile) -> Result<[u8; 32], crate::gguf::GgufError> {
+    const PIECE: u64 = 1 << 20;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; PIECE.min(gguf.data_offset) as usize];
+    let mut off = 0u64;
+    while off < gguf.data_offset {
+        let n = PIECE.min(gguf.data_offset - off) as usize;
+        gguf.read_at(off, &mut buf[..n])?;
+        h.update(&buf[..n]);
+        off += n as u64;
+    }
+    Ok(h.finalize().into())
 }
 
 fn hex(bytes: &[u8]) -> String {

@@ -146,7 +146,8 @@ pub struct ModelConfig {
 /// Upper bound for any single dimension read from metadata; keeps products far from overflow.
 const MAX_DIM: u64 = 1 << 24;
 /// Upper bound for the layer count.
-const MAX_LAYERS: u64 = 4096;
+/// The most layers a model may declare.
+pub const MAX_LAYERS: u64 = 4096;
 
 pub(crate) fn bad(key: &str, value: impl fmt::Display, problem: impl Into<String>) -> ModelError {
     ModelError::BadConfig {

@@ -21,8 +21,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::ExecPlan;
-use super::pipeline::{Stage, simulate};
 use super::hitrate::{KvModelInput, KvPrediction, Policy, predict};
+use super::pipeline::{Stage, simulate};
 
 /// Constants measured on one machine and adapter.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -77,7 +77,7 @@ impl Batcher {
         while engine.new_seq().is_some() {
             n += 1;
         }
-        let identity = format!("{:?}", engine.session_identity());
+        let identity = format!("{:?}", engine.session_identity()?);
         let index = PrefixIndex::new(identity.as_bytes(), engine.plan.kv.page_tokens as usize, n);
         let last_flash = flash_bytes(&engine);
         Ok(Self {

@@ -95,8 +95,9 @@ fn load(g: &GgufFile, name: &str, n: usize) -> Result<Vec<f32>, ModelError> {
             found: t.dims.clone(),
         });
     }
+    let bytes = g.read_tensor(t)?;
     let mut out = vec![0.0f32; n];
-    dequantize(t.ty, g.tensor_data(t), &mut out);
+    dequantize(t.ty, &bytes, &mut out);
     Ok(out)
 }
 
