@@ -19,6 +19,9 @@
 // round, 2: last round), splits in this round, pages to score]; then per sequence (stride
 // `seq_stride` words): [list entries, list keys, key_base, 0, (page, slot) x max_pages].
 //
+// The grid's z covers this round's splits. A round that is both the first and the last and has
+// one split also writes acc / l to `o` (its merge is then left out).
+//
 // Scores are q.k * scale. Defines: DPT = ceil(head_dim / WG) output dims per thread; VEC4
 // (head_dim a multiple of 4): Q and K are read as vec4s; KV_F16: the pools hold f16 pairs
 // packed in u32 words; SOFTCAP: scores become softcap * tanh(score / softcap); SWA (sliding
@@ -66,6 +69,7 @@ struct Params {
 @group(0) @binding(6) var<storage, read> strm: array<f32>;
 #endif
 @group(0) @binding(7) var<storage, read_write> part: array<f32>;
+@group(0) @binding(8) var<storage, read_write> o: array<f32>;
 #endif
 
 const WG: u32 = 64u;
@@ -239,15 +243,112 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         m = m_new;
         workgroupBarrier();
     }
+    // The only split of the only round: this is the row's output (what `merge` would write).
+    let only = table[p.table_base + 1u] == 3u && table[p.table_base + 2u] == 1u;
     for (var k = 0u; k < DPT; k++) {
         let d = lid + k * WG;
         if (d < hd) {
             part[pb + d] = acc[k];
+            if (only) {
+                o[t * p.o_stride + h * hd + d] = acc[k] / l;
+            }
         }
     }
     if (lid == 0u) {
         part[pb + hd] = m;
         part[pb + hd + 1u] = l;
+    }
+}
+#endif
+
+#ifdef LANES
+// One subgroup of 8 lanes per (head, row, split), no workgroup memory or barriers (CPU
+// rasterizers run a subgroup as one SIMD row, and barriers cost them more than the work): lane
+// i takes keys k0 + i, k0 + i + 8, ... with its own online softmax over its keys and its own
+// accumulator; the lanes' states are folded with subgroup operations at the end and written in
+// the partial format `merge` reads. HD4 = head_dim / 4 (VEC4 only).
+@compute @workgroup_size(8)
+fn main_lanes(@builtin(subgroup_invocation_id) lane: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let h = wid.x;
+    let t = wid.y;
+    let z = wid.z;
+    if (t >= step.n_tokens || z >= table[p.table_base + 2u]) {
+        return;
+    }
+    let hd = p.head_dim;
+    let kvh = h / (p.n_heads / p.n_kv_heads);
+    let row = rows[t];
+    let sb = p.table_base + 4u + row.x * p.seq_stride;
+    let key_base = table[sb + 2u];
+    let scan = min(table[sb + 1u], select(0u, row.y + 1u - key_base, row.y + 1u > key_base));
+    let split = table[p.table_base] + z;
+    let k0 = min(split * SPLIT, scan);
+    let k1 = min(k0 + SPLIT, scan);
+    let pb = ((t * p.n_heads + h) * p.round_splits + z) * (hd + 2u);
+    let qb4 = (t * p.q_stride + h * hd) >> 2u;
+    var qv: array<vec4<f32>, HD4>;
+    for (var d4 = 0u; d4 < HD4; d4++) {
+        qv[d4] = q4[qb4 + d4];
+    }
+    var m = -1.0e30;
+    var l = 0.0;
+    var acc: array<vec4<f32>, HD4>;
+    let vofs = p.page_tokens * p.kv_dim;
+    for (var j = k0 + lane; j < k1; j += 8u) {
+        let e = sb + 4u + 2u * (j / p.page_tokens);
+        let slot = table[e + 1u];
+        let kb = (((slot & ~STREAM) * p.page_elems + (j % p.page_tokens) * p.kv_dim
+            + kvh * hd)) | (slot & STREAM);
+        var valid = true;
+#ifdef SWA
+        let kpos = table[e] * p.page_tokens + j % p.page_tokens;
+        valid = row.y < kpos || row.y - kpos < p.window;
+#endif
+        if (valid) {
+            var dotv = 0.0;
+            for (var d4 = 0u; d4 < HD4; d4++) {
+                dotv += dot(qv[d4], kv4_at(kb + 4u * d4));
+            }
+            var s = dotv * p.scale;
+#ifdef SOFTCAP
+            s = p.softcap * tanh_s(s / p.softcap);
+#endif
+            let m_new = max(m, s);
+            let alpha = exp(m - m_new);
+            let pj = exp(s - m_new);
+            l = l * alpha + pj;
+            let vb = kb + vofs;
+            for (var d4 = 0u; d4 < HD4; d4++) {
+                acc[d4] = acc[d4] * alpha + pj * kv4_at(vb + 4u * d4);
+            }
+            m = m_new;
+        }
+    }
+    // Fold the lanes: rescale each to the common maximum, then sum.
+    let mx = subgroupMax(m);
+    let sc = select(0.0, exp(m - mx), l > 0.0);
+    let lsum = subgroupAdd(l * sc);
+    let only = table[p.table_base + 1u] == 3u && table[p.table_base + 2u] == 1u;
+    for (var d4 = 0u; d4 < HD4; d4++) {
+        let a = subgroupAdd(acc[d4] * sc);
+        if (lane == 0u) {
+            let d = 4u * d4;
+            part[pb + d] = a.x;
+            part[pb + d + 1u] = a.y;
+            part[pb + d + 2u] = a.z;
+            part[pb + d + 3u] = a.w;
+            if (only) {
+                let ob = t * p.o_stride + h * hd + d;
+                o[ob] = a.x / lsum;
+                o[ob + 1u] = a.y / lsum;
+                o[ob + 2u] = a.z / lsum;
+                o[ob + 3u] = a.w / lsum;
+            }
+        }
+    }
+    if (lane == 0u) {
+        part[pb + hd] = mx;
+        part[pb + hd + 1u] = lsum;
     }
 }
 #endif

@@ -147,7 +147,8 @@ fn attend(ctx: &GpuContext, c: &Case, seed: u64, round_splits: u32) -> (Vec<f32>
     let ob = ctx.storage("o", (c.rows * c.nh * c.hd * 4) as u64).unwrap();
     let step = step_buffer(ctx, c.rows as u32);
     let d = [
-        kernels::attention_partial(ctx, &step, &rb, &tb, &qb, &hb, &sb, &part, &shape).unwrap(),
+        kernels::attention_partial(ctx, &step, &rb, &tb, &qb, &hb, &sb, &part, &ob, &shape)
+            .unwrap(),
         kernels::attention_merge(ctx, &step, &tb, &part, &run, &ob, &shape).unwrap(),
     ];
     let total = (list.keys).div_ceil(ATTN_SPLIT_KEYS);
@@ -198,7 +199,21 @@ fn attend(ctx: &GpuContext, c: &Case, seed: u64, round_splits: u32) -> (Vec<f32>
 
 #[test]
 fn paged_attention_matches_reference_over_pages_pools_and_rounds() {
-    let Some(ctx) = common::gpu() else { return };
+    let Some(mut ctx) = common::gpu() else { return };
+    // Both attention kernels: the workgroup one, and keys across the lanes of one subgroup
+    // where the device has 8-wide subgroups.
+    let variants: &[bool] = if ctx.subgroups8 {
+        &[false, true]
+    } else {
+        &[false]
+    };
+    for &lanes in variants {
+        ctx.attn_lanes = lanes;
+        attention_cases(&ctx, lanes);
+    }
+}
+
+fn attention_cases(ctx: &GpuContext, lanes: bool) {
     let cases = [
         // Many splits: 1-token pages, two rounds of splits.
         (9, 3, 64, 1, 1100, 1, true),
@@ -234,17 +249,17 @@ fn paged_attention_matches_reference_over_pages_pools_and_rounds() {
         };
         let splits_per_page = (page / ATTN_SPLIT_KEYS).max(1);
         let all = ((past + rows) as u32).div_ceil(ATTN_SPLIT_KEYS).max(1);
-        let (one, want) = attend(&ctx, &c, 1, all.div_ceil(splits_per_page) * splits_per_page);
+        let (one, want) = attend(ctx, &c, 1, all.div_ceil(splits_per_page) * splits_per_page);
         for (i, (&g, &w)) in one.iter().zip(&want).enumerate() {
             assert!(
                 (g - w).abs() <= 1e-4 * w.abs().max(1.0),
-                "nh={nh} hd={hd} page={page} past={past} i={i}: {g} vs {w}"
+                "lanes={lanes} nh={nh} hd={hd} page={page} past={past} i={i}: {g} vs {w}"
             );
         }
         // Other pools, one split per round: the same bits.
-        let (many, _) = attend(&ctx, &c, 2, splits_per_page);
-        let (same_pools, _) = attend(&ctx, &c, 1, splits_per_page);
-        let (other_pools, _) = attend(&ctx, &c, 2, all.div_ceil(splits_per_page) * splits_per_page);
+        let (many, _) = attend(ctx, &c, 2, splits_per_page);
+        let (same_pools, _) = attend(ctx, &c, 1, splits_per_page);
+        let (other_pools, _) = attend(ctx, &c, 2, all.div_ceil(splits_per_page) * splits_per_page);
         assert!(
             one == same_pools,
             "nh={nh} hd={hd} page={page}: rounds changed the result"
@@ -379,6 +394,128 @@ fn store_meta_and_score_kernels() {
             for k in &keys {
                 let s: f32 = (0..hd).map(|d| q[h * hd + d] * k[kvh * hd + d]).sum();
                 assert!(s <= scores[h] + 1e-4, "head {h}: {s} > bound {}", scores[h]);
+            }
+        }
+    }
+}
+
+/// RoPE of Q and K with the store of K and V, in one dispatch, against the CPU reference's
+/// RoPE and the page layout: both rotation styles, partial rotation, f32 and f16 pools, rows
+/// in two pages placed in arbitrary slots. K's input buffer is left unrotated.
+#[test]
+fn rope_store_matches_reference_rope_and_page_layout() {
+    use flashlm::model::config::RopeStyle;
+    let Some(ctx) = common::gpu() else { return };
+    let mut rng = Rng(91);
+    for style in [RopeStyle::Normal, RopeStyle::Neox] {
+        for (nh, nkv, hd, rope_dim, page) in [
+            (6usize, 2usize, 16usize, 16usize, 8u32),
+            (5, 5, 10, 6, 4),
+            (4, 1, 64, 32, 16),
+        ] {
+            for f16 in [false, true] {
+                let kv_dim = nkv * hd;
+                let q_dim = nh * hd;
+                let p = page as usize;
+                let shape = KvShape {
+                    n_heads: nh as u32,
+                    n_kv_heads: nkv as u32,
+                    head_dim: hd as u32,
+                    page_tokens: page,
+                    f16,
+                    table_base: 0,
+                    seq_stride: 0,
+                    round_splits: 1,
+                    ..Default::default()
+                };
+                let rows_n = 5;
+                let pos0 = p + 3;
+                let q = rng.vec(rows_n * q_dim, 1.0);
+                let ks = rng.vec(rows_n * kv_dim, 1.0);
+                let vs = rng.vec(rows_n * kv_dim, 1.0);
+                let slot_of = |pg: usize| if pg == 1 { 2 } else { 0 };
+                let pos: Vec<usize> = (pos0..pos0 + rows_n).collect();
+                let rows: Vec<u32> = pos
+                    .iter()
+                    .flat_map(|&ps| {
+                        let elem = slot_of(ps / p) * 2 * p * kv_dim + (ps % p) * kv_dim;
+                        [0, ps as u32, elem as u32, 0]
+                    })
+                    .collect();
+                let base = 10000.0f32;
+                let cs = kernels::rope_table(pos0 as u32, rows_n as u32, rope_dim as u32, base);
+                let elt = if f16 { 2 } else { 4 };
+                let pool_bytes = 3 * 2 * p * kv_dim * elt;
+                let pool = ctx.storage("pool", pool_bytes as u64).unwrap();
+                let qb = ctx.storage_with("q", f32s(&q)).unwrap();
+                let kb = ctx.storage_with("k", f32s(&ks)).unwrap();
+                let vb = ctx.storage_with("v", f32s(&vs)).unwrap();
+                let csb = ctx.storage_with("cs", f32s(&cs)).unwrap();
+                let rb = ctx
+                    .storage_with("rows", bytemuck::cast_slice(&rows))
+                    .unwrap();
+                let step = step_buffer(&ctx, rows_n as u32);
+                let d = [kernels::rope_store(
+                    &ctx,
+                    &step,
+                    &csb,
+                    &qb,
+                    &rb,
+                    &kb,
+                    &vb,
+                    &pool,
+                    &shape,
+                    rope_dim as u32,
+                    style == RopeStyle::Neox,
+                )
+                .unwrap()];
+                let mut enc = ctx.device.create_command_encoder(&Default::default());
+                kernels::record_all(&mut enc, &d, rows_n as u32);
+                ctx.queue.submit([enc.finish()]);
+                let raw = ctx.read_buffer(&pool, pool_bytes as u64).unwrap();
+                let at = |e: usize| -> f32 {
+                    if f16 {
+                        half::f16::from_le_bytes([raw[2 * e], raw[2 * e + 1]]).to_f32()
+                    } else {
+                        f32::from_le_bytes([
+                            raw[4 * e],
+                            raw[4 * e + 1],
+                            raw[4 * e + 2],
+                            raw[4 * e + 3],
+                        ])
+                    }
+                };
+                let tol = if f16 { 2e-3 } else { 1e-5 };
+                let gq = ctx.read_f32(&qb, rows_n * q_dim).unwrap();
+                assert_eq!(
+                    ctx.read_f32(&kb, rows_n * kv_dim).unwrap(),
+                    ks,
+                    "the key input is left as it was"
+                );
+                let what = format!("{style:?} ({nh},{nkv},{hd},{rope_dim},{page}) f16={f16}");
+                for (t, &ps) in pos.iter().enumerate() {
+                    let mut wq = q[t * q_dim..(t + 1) * q_dim].to_vec();
+                    ops::rope_inplace(&mut wq, nh, hd, rope_dim, ps, base, style);
+                    for i in 0..q_dim {
+                        assert!(
+                            (gq[t * q_dim + i] - wq[i]).abs() <= 1e-5,
+                            "{what} q t={t} i={i}"
+                        );
+                    }
+                    let mut wk = ks[t * kv_dim..(t + 1) * kv_dim].to_vec();
+                    ops::rope_inplace(&mut wk, nkv, hd, rope_dim, ps, base, style);
+                    let e0 = slot_of(ps / p) * 2 * p * kv_dim + (ps % p) * kv_dim;
+                    for j in 0..kv_dim {
+                        let (k, v) = (at(e0 + j), at(e0 + p * kv_dim + j));
+                        assert!(
+                            (k - wk[j]).abs() <= tol,
+                            "{what} k t={t} j={j}: {k} vs {}",
+                            wk[j]
+                        );
+                        let wv = vs[t * kv_dim + j];
+                        assert!((v - wv).abs() <= tol, "{what} v t={t} j={j}: {v} vs {wv}");
+                    }
+                }
             }
         }
     }

@@ -141,7 +141,9 @@ fn attention_rate(ctx: &GpuContext, cfg: &crate::model::config::ModelConfig) -> 
     let out = ctx.storage("out", (cfg.n_heads * cfg.head_dim * 4) as u64)?;
     let s1 = step(ctx, 1)?;
     let list = vec![
-        kernels::attention_partial(ctx, &s1, &rows, &tb, &q, &pool, &stream, &part, &shape)?,
+        kernels::attention_partial(
+            ctx, &s1, &rows, &tb, &q, &pool, &stream, &part, &out, &shape,
+        )?,
         kernels::attention_merge(ctx, &s1, &tb, &part, &run, &out, &shape)?,
     ];
     let t = time_list(ctx, &list, 1, 16)?;

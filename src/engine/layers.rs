@@ -3,9 +3,9 @@
 //!
 //! A layer's work is cut where the host may have to act between dispatches:
 //! - `pre`: RMSNorm, the Q/K/V products (+ biases; fused QKV: one dispatch per piece of each of
-//!   Q, K and V), per-head Q/K norms, RoPE of Q and K (the local table on sliding-window layers),
-//!   the store of the batch's K and V into home pages, and (page selection) the summaries of
-//!   pages that filled up;
+//!   Q, K and V), per-head Q/K norms, RoPE of Q and K with the store of the batch's K and V
+//!   into home pages in one dispatch (the local table on sliding-window layers), and (page
+//!   selection) the summaries of pages that filled up;
 //! - `score` (page selection, decode only): upper bounds of the pages' attention scores, read
 //!   back so the host can choose the pages to bring in;
 //! - `attn`: one round of split attention over the page list and the merge of its partials
@@ -219,16 +219,8 @@ pub fn build_lists(
         (Some(swa), true) => swa,
         _ => &b.rope_cs,
     };
-    for (y, heads, width) in [
-        (&b.q, cfg.n_heads as u32, q_dim),
-        (&b.k_tmp, cfg.n_kv_heads as u32, kv_dim),
-    ] {
-        pre.push(kernels::rope(
-            ctx, &b.step, cs, y, heads, hd, rope_dim, width, false, neox,
-        )?);
-    }
-    pre.push(kernels::kv_store(
-        ctx, &b.step, &b.rows, &b.k_tmp, &b.v_tmp, &l.home, shape,
+    pre.push(kernels::rope_store(
+        ctx, &b.step, cs, &b.q, &b.rows, &b.k_tmp, &b.v_tmp, &l.home, shape, rope_dim, neox,
     )?);
     let mut score = None;
     if let (Some(meta), Some(jobs)) = (&l.meta, &kvb.jobs) {
@@ -253,6 +245,7 @@ pub fn build_lists(
             &l.home,
             &kvb.stream,
             &b.part,
+            &b.att,
             shape,
         )?,
         kernels::attention_merge(ctx, &b.step, &kvb.table, &b.part, &b.running, &b.att, shape)?,

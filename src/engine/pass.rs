@@ -393,7 +393,20 @@ impl Engine {
                 } else {
                     &self.prefill_lists[l]
                 };
-                kernels::record_all_with(&mut enc, &lists.attn, t as u32, self.profiler.as_mut());
+                // A lone round of one split writes the output itself: no merge.
+                let splits = w.round.splits.max(1);
+                let attn = if n_rounds == 1 && splits == 1 {
+                    &lists.attn[..1]
+                } else {
+                    &lists.attn[..]
+                };
+                kernels::record_round_with(
+                    &mut enc,
+                    attn,
+                    t as u32,
+                    Some(splits),
+                    self.profiler.as_mut(),
+                );
                 if ri + 1 == n_rounds {
                     kernels::record_all_with(
                         &mut enc,

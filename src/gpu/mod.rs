@@ -195,6 +195,10 @@ pub struct GpuContext {
     pub matmul_layout: MatmulLayout,
     /// The device was opened with subgroup operations and its subgroups are always 8 wide.
     pub subgroups8: bool,
+    /// Attention runs one 8-lane subgroup per (head, row, split), keys across the lanes, with
+    /// no workgroup memory or barriers: chosen on CPU rasterizers with 8-wide subgroups, where
+    /// barriers cost more than the work (tests switch it).
+    pub attn_lanes: bool,
     /// Timestamp queries inside compute passes are available (`--profile`).
     pub timestamps: bool,
     /// Storage buffers can be mapped for writing (device memory is host memory): layer slots
@@ -326,9 +330,11 @@ impl GpuContext {
         } else {
             MatmulLayout::GPU
         };
+        let attn_lanes = subgroups8 && info.device_type == wgpu::DeviceType::Cpu;
         Ok(Self {
             matmul_layout,
             subgroups8,
+            attn_lanes,
             timestamps,
             mappable,
             pipelines: PipelineCache::new(),

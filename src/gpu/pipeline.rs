@@ -45,6 +45,7 @@ fn built_in_source(name: &str) -> Option<&'static str> {
         "matmul" => include_str!("../../shaders/matmul.wgsl"),
         "rmsnorm" => include_str!("../../shaders/rmsnorm.wgsl"),
         "rope" => include_str!("../../shaders/rope.wgsl"),
+        "rope_store" => include_str!("../../shaders/rope_store.wgsl"),
         "attention" => include_str!("../../shaders/attention.wgsl"),
         "elementwise" => include_str!("../../shaders/elementwise.wgsl"),
         "kv" => include_str!("../../shaders/kv.wgsl"),

@@ -14,6 +14,8 @@ pub const ATTN_SPLIT_KEYS: u32 = 512;
 pub const ATTN_PARAMS_BYTES: u64 = std::mem::size_of::<AttnParams>() as u64;
 /// Device bytes of one KV store, page-summary or score dispatch's parameters.
 pub const KV_PARAMS_BYTES: u64 = std::mem::size_of::<KvParams>() as u64;
+/// Device bytes of the RoPE-and-store dispatch's parameters.
+pub const ROPE_STORE_PARAMS_BYTES: u64 = std::mem::size_of::<RopeStoreParams>() as u64;
 
 /// Shapes shared by the paged-KV kernels of one layer.
 #[derive(Debug, Clone, Copy, Default)]
@@ -134,7 +136,9 @@ fn merge_defines(s: &KvShape) -> Defines {
 }
 
 /// Partial attention of the batch's rows over this round's splits of their page lists: grid
-/// (heads, rows, round splits); results go to `part`.
+/// (heads, rows, round splits; recorded with the round's own split count); results go to
+/// `part`. A round that is the only one and has one split also writes the rows' outputs to
+/// `out`, so its merge can be left out (running it anyway writes the same values).
 #[allow(clippy::too_many_arguments)]
 pub fn attention_partial(
     ctx: &GpuContext,
@@ -145,22 +149,35 @@ pub fn attention_partial(
     home: &wgpu::Buffer,
     stream: &wgpu::Buffer,
     part: &wgpu::Buffer,
+    out: &wgpu::Buffer,
     s: &KvShape,
 ) -> Result<Dispatch, KernelError> {
     s.check("attention")?;
+    // CPU rasterizers: a subgroup per (head, row, split), keys across its lanes.
+    let lanes = ctx.attn_lanes && s.head_dim.is_multiple_of(4);
+    let (entry, defines) = if lanes {
+        let d = attn_defines(s)
+            .flag("LANES")
+            .val("HD4", format!("{}u", s.head_dim / 4));
+        ("main_lanes", d)
+    } else {
+        ("main", attn_defines(s))
+    };
     let pipeline = ctx
         .pipelines
-        .get(&ctx.device, "attention", "main", &attn_defines(s))?;
+        .get(&ctx.device, "attention", entry, &defines)?;
     let params = params_buffer(ctx, "attention params", &attn_params(s))?;
-    Ok(make_dispatch(
+    let mut d = make_dispatch(
         ctx,
         "attention",
         pipeline,
         params,
-        &[step, rows, table, q, home, stream, part],
+        &[step, rows, table, q, home, stream, part, out],
         [s.n_heads, 1, s.round_splits.max(1)],
         TokenAxis::Y(1),
-    ))
+    );
+    d.splits_z = true;
+    Ok(d)
 }
 
 /// Fold a round's partials into the running state; after the last round write the output.
@@ -245,6 +262,80 @@ pub fn kv_store(
         params,
         &[step, rows, k, v, pool],
         [width.div_ceil(64), 1, 1],
+        TokenAxis::Y(1),
+    ))
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+struct RopeStoreParams {
+    n_heads: u32,
+    head_dim: u32,
+    rope_dim: u32,
+    neox: u32,
+    kv_dim: u32,
+    page_tokens: u32,
+    q_pairs: u32,
+    _pad: u32,
+}
+
+/// RoPE of the batch's queries `q` (T x n_heads*head_dim, in place) and keys `k`, then the
+/// store of the rotated keys and the values `v` (T x kv_dim f32 each; `k` is left unrotated)
+/// into the layer's home pool at the elements the row table gives: what `rope` on Q, `rope` on
+/// K and [`kv_store`] do, in one dispatch. `cs` is the batch's (cos, sin) table.
+#[allow(clippy::too_many_arguments)]
+pub fn rope_store(
+    ctx: &GpuContext,
+    step: &wgpu::Buffer,
+    cs: &wgpu::Buffer,
+    q: &wgpu::Buffer,
+    rows: &wgpu::Buffer,
+    k: &wgpu::Buffer,
+    v: &wgpu::Buffer,
+    pool: &wgpu::Buffer,
+    s: &KvShape,
+    rope_dim: u32,
+    neox: bool,
+) -> Result<Dispatch, KernelError> {
+    s.check("rope_store")?;
+    if !rope_dim.is_multiple_of(2) || rope_dim > s.head_dim {
+        return Err(KernelError::Shape {
+            kernel: "rope_store",
+            problem: format!(
+                "rope dim {rope_dim} must be even and at most head dim {}",
+                s.head_dim
+            ),
+        });
+    }
+    let mut defines = Defines::new();
+    let units = if s.f16 {
+        defines = defines.flag("KV_F16");
+        s.kv_dim() / 2
+    } else {
+        s.kv_dim()
+    };
+    let pipeline = ctx
+        .pipelines
+        .get(&ctx.device, "rope_store", "main", &defines)?;
+    let q_pairs = s.n_heads * rope_dim / 2;
+    let p = RopeStoreParams {
+        n_heads: s.n_heads,
+        head_dim: s.head_dim,
+        rope_dim,
+        neox: neox as u32,
+        kv_dim: s.kv_dim(),
+        page_tokens: s.page_tokens,
+        q_pairs,
+        _pad: 0,
+    };
+    let params = params_buffer(ctx, "rope store params", &p)?;
+    Ok(make_dispatch(
+        ctx,
+        "rope_store",
+        pipeline,
+        params,
+        &[step, cs, q, rows, k, v, pool],
+        [(q_pairs + units).div_ceil(64), 1, 1],
         TokenAxis::Y(1),
     ))
 }

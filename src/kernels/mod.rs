@@ -71,17 +71,36 @@ pub struct Dispatch {
     bind_group: wgpu::BindGroup,
     grid: [u32; 3],
     axis: TokenAxis,
+    /// Grid z is the number of attention splits of the round being recorded (at most the
+    /// built grid's z), when the recorder gives it.
+    splits_z: bool,
     _params: GpuBuffer,
 }
 
 impl Dispatch {
     /// Record into a compute pass for a batch of `n_tokens` tokens.
     pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, n_tokens: u32) {
+        self.record_round(pass, n_tokens, None);
+    }
+
+    /// [`Self::record`] for an attention round of `splits` splits (grid z of the split-wise
+    /// kernels; `None`: the built grid, every split a round can hold).
+    pub fn record_round(
+        &self,
+        pass: &mut wgpu::ComputePass<'_>,
+        n_tokens: u32,
+        splits: Option<u32>,
+    ) {
         let mut g = self.grid;
         match self.axis {
             TokenAxis::Fixed => {}
             TokenAxis::X(tile) => g[0] = n_tokens.div_ceil(tile),
             TokenAxis::Y(tile) => g[1] = n_tokens.div_ceil(tile),
+        }
+        if self.splits_z
+            && let Some(z) = splits
+        {
+            g[2] = z.min(g[2]);
         }
         if g.contains(&0) {
             return;
@@ -100,21 +119,36 @@ pub fn record_all_with(
     n_tokens: u32,
     prof: Option<&mut crate::gpu::profile::Profiler>,
 ) {
-    let Some(p) = prof else {
-        return record_all(encoder, list, n_tokens);
-    };
+    record_round_with(encoder, list, n_tokens, None, prof);
+}
+
+/// [`record_all_with`] for an attention round of `splits` splits (see
+/// [`Dispatch::record_round`]).
+pub fn record_round_with(
+    encoder: &mut wgpu::CommandEncoder,
+    list: &[Dispatch],
+    n_tokens: u32,
+    splits: Option<u32>,
+    prof: Option<&mut crate::gpu::profile::Profiler>,
+) {
     let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
         label: Some("forward"),
         timestamp_writes: None,
     });
+    let Some(p) = prof else {
+        for d in list {
+            d.record_round(&mut pass, n_tokens, splits);
+        }
+        return;
+    };
     for d in list {
         match p.reserve(d.label, d.bytes) {
             Some((set, i)) => {
                 pass.write_timestamp(set, i);
-                d.record(&mut pass, n_tokens);
+                d.record_round(&mut pass, n_tokens, splits);
                 pass.write_timestamp(set, i + 1);
             }
-            None => d.record(&mut pass, n_tokens),
+            None => d.record_round(&mut pass, n_tokens, splits),
         }
     }
 }
@@ -222,6 +256,7 @@ fn make_dispatch_at(
         pipeline,
         bind_group,
         grid,
+        splits_z: false,
         axis,
         _params: params,
     }

@@ -24,7 +24,9 @@ pub mod placement;
 use thiserror::Error;
 
 use crate::gguf::{GgufFile, TensorInfo};
-use crate::kernels::{self, ATTN_PARAMS_BYTES, KV_PARAMS_BYTES, KernelError, WeightLayout};
+use crate::kernels::{
+    self, ATTN_PARAMS_BYTES, KV_PARAMS_BYTES, KernelError, ROPE_STORE_PARAMS_BYTES, WeightLayout,
+};
 use crate::model::config::{ModelConfig, OUTPUT, TOKEN_EMBD};
 pub use crate::model::tensors::{MatrixRole, layer_matrices};
 pub use kvplan::{KvPlan, KvSelect, SelectSpec};
@@ -152,9 +154,10 @@ impl LayerWeights {
     }
 }
 
-/// Row-wise dispatches (RMSNorm, RoPE, bias) of one layer's forward list.
+/// Row-wise dispatches (RMSNorm, bias, per-head norms) of one layer's forward list.
 pub fn row_dispatches(cfg: &ModelConfig) -> u64 {
-    4 + if cfg.has_qkv_bias { 3 } else { 0 }
+    // Two RMSNorms; biases, per-head norms and post norms where the architecture has them.
+    2 + if cfg.has_qkv_bias { 3 } else { 0 }
         + if cfg.qk_norm { 2 } else { 0 }
         + if cfg.post_norms { 2 } else { 0 }
 }
@@ -338,7 +341,7 @@ impl ExecPlan {
             let select = kv_min.selects_layer(l);
             let per_list = row_dispatches(cfg) * row
                 + lw.dispatches(cfg) * mm
-                + KV_PARAMS_BYTES
+                + ROPE_STORE_PARAMS_BYTES
                 + 2 * ATTN_PARAMS_BYTES
                 + if select { KV_PARAMS_BYTES } else { 0 };
             params += 2 * per_list + if select { KV_PARAMS_BYTES } else { 0 };
