@@ -14,6 +14,11 @@
 // REDUCE (TPR > 1: lanes of a row combine through workgroup memory); RAGGED (float types whose
 // row length may not be a multiple of 8).
 //
+// MULTI (not with SWIGLU): up to three weights of one type and width in one dispatch, each
+// with its own rows, starting row and Y (W, W2, W3 into Y, Y2, Y3: Q, K and V from one X). The
+// grid's workgroups are cut into segments at `sg.wg0` (no workgroup straddles two), and
+// `begin` sets the segment's values for the invocation.
+//
 // BLOCKS (quantized types, TPR = 1, TT <= 8, X offset and stride multiples of 4): a separate
 // entry body where each thread walks its row one whole 32-weight block (or 32-weight chunk of a
 // super-block) at a time, loading the block's words once, and reads X as vec4s. With SHARE_X as well (8-wide subgroups) each lane
@@ -46,6 +51,54 @@ struct Params {
 #ifdef SWIGLU
 @group(0) @binding(5) var<storage, read> w2: array<u32>;
 #endif
+#ifdef MULTI
+// Per segment (x, y, z): rows, first workgroup, first row in its buffer, Y stride, Y offset.
+struct Segs {
+    rows: vec4<u32>,
+    wg0: vec4<u32>,
+    row0: vec4<u32>,
+    y_stride: vec4<u32>,
+    y_offset: vec4<u32>,
+}
+@group(0) @binding(5) var<storage, read> w2: array<u32>;
+@group(0) @binding(6) var<storage, read> w3: array<u32>;
+@group(0) @binding(7) var<storage, read_write> y2: array<f32>;
+@group(0) @binding(8) var<storage, read_write> y3: array<f32>;
+@group(0) @binding(9) var<uniform> sg: Segs;
+#endif
+
+// This invocation's segment (0 without MULTI) and its values.
+var<private> seg: u32;
+var<private> seg_rows: u32;
+var<private> seg_row0: u32;
+var<private> seg_y_stride: u32;
+var<private> seg_y_offset: u32;
+
+// Set the segment of workgroup `wx`; returns the workgroup's index within its segment.
+fn begin(wx: u32) -> u32 {
+#ifdef MULTI
+    var s = 0u;
+    if (wx >= sg.wg0.y) {
+        s = 1u;
+    }
+    if (wx >= sg.wg0.z) {
+        s = 2u;
+    }
+    seg = s;
+    seg_rows = sg.rows[s];
+    seg_row0 = sg.row0[s];
+    seg_y_stride = sg.y_stride[s];
+    seg_y_offset = sg.y_offset[s];
+    return wx - sg.wg0[s];
+#else
+    seg = 0u;
+    seg_rows = p.rows;
+    seg_row0 = p.w_row0;
+    seg_y_stride = p.y_stride;
+    seg_y_offset = p.y_offset;
+    return wx;
+#endif
+}
 
 const WG: u32 = ROWS_PER_WG * TPR;
 
@@ -62,12 +115,24 @@ fn word(s: u32, i: u32) -> u32 {
         return w2[i];
     }
 #endif
+#ifdef MULTI
+    if (s == 1u) {
+        return w2[i];
+    }
+    if (s == 2u) {
+        return w3[i];
+    }
+#endif
     return w[i];
 }
 
-// Byte offset of row r of weight s (0: W, 1: W2).
+// Byte offset of row r of weight s (0: W, 1: W2; MULTI: the segment's).
 fn row_byte(s: u32, r: u32) -> u32 {
-    return (r + select(p.w_row0, p.w2_row0, s == 1u)) * p.row_bytes;
+#ifdef MULTI
+    return (r + seg_row0) * p.row_bytes;
+#else
+    return (r + select(seg_row0, p.w2_row0, s == 1u)) * p.row_bytes;
+#endif
 }
 
 // 16 bits at an even byte offset.
@@ -186,16 +251,16 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     let n_tok = select(step.n_tokens, p.n_tokens, p.n_tokens != 0u);
     let lr = lid / TPR;
     let lt = lid % TPR;
-    let r = wid.x * ROWS_PER_WG + lr;
+    let r = begin(wid.x) * ROWS_PER_WG + lr;
     let t0 = wid.y * TT;
     var acc: array<f32, TT>;
 #ifdef SWIGLU
     var acc2: array<f32, TT>;
 #endif
-    if (r < p.rows) {
+    if (r < seg_rows) {
         let n_units = (p.cols + 7u) / 8u;
         for (var u = lt; u < n_units; u += TPR) {
-            let wu = load_unit(0u, r, u);
+            let wu = load_unit(seg, r, u);
 #ifdef SWIGLU
             let wv = load_unit(1u, r, u);
 #endif
@@ -235,7 +300,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
 #endif
 #ifdef REDUCE
     // Lanes 0..TT of each row write one token each.
-    if (lt < TT && r < p.rows) {
+    if (lt < TT && r < seg_rows) {
         let t = t0 + lt;
         if (t < n_tok) {
             var v = red[lr * TPR * TT + lt];
@@ -249,7 +314,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     }
 #else
     // One thread per row: it holds every token's sum.
-    if (r < p.rows) {
+    if (r < seg_rows) {
         for (var t = 0u; t < TT; t++) {
             if (t0 + t < n_tok) {
 #ifdef SWIGLU
@@ -428,11 +493,28 @@ fn main(
 #ifndef SHARE_X
     let lane = 0u;
 #endif
+    let r = begin(wid.x) * ROWS_PER_WG + lid;
+#ifdef MULTI
+    // One call per segment with its weight as a constant, so each reads one binding without a
+    // branch per load (the segment is the same for the whole workgroup).
+    if (seg == 0u) {
+        blocks(0u, r, wid.y, lane);
+    } else if (seg == 1u) {
+        blocks(1u, r, wid.y, lane);
+    } else {
+        blocks(2u, r, wid.y, lane);
+    }
+#else
+    blocks(0u, r, wid.y, lane);
+#endif
+}
+
+// Rows r of weight ws (0: W; MULTI: the segment's weight) for the token tile ty.
+fn blocks(ws: u32, r: u32, ty: u32, lane: u32) {
     let n_tok = select(step.n_tokens, p.n_tokens, p.n_tokens != 0u);
-    let r = wid.x * ROWS_PER_WG + lid;
-    let rb = row_byte(0u, min(r, p.rows - 1u));
-    let rb2 = row_byte(1u, min(r, p.rows - 1u));
-    let t0 = wid.y * TT;
+    let rb = row_byte(ws, min(r, seg_rows - 1u));
+    let rb2 = row_byte(1u, min(r, seg_rows - 1u));
+    let t0 = ty * TT;
     let last = n_tok - 1u;
     let xs = p.x_stride >> 2u;
     let xo = p.x_offset >> 2u;
@@ -462,19 +544,19 @@ fn main(
     for (var k = 0u; k < n_blocks; k++) {
 #ifdef SUPER
         if ((k % HDR_EVERY) == 0u) {
-            hd = ext_header(0u, rb, k);
+            hd = ext_header(ws, rb, k);
 #ifdef SWIGLU
             hd2 = ext_header(1u, rb2, k);
 #endif
         }
-        let wb = ext_chunk(0u, hd, k);
+        let wb = ext_chunk(ws, hd, k);
 #ifdef SWIGLU
         let wb2 = ext_chunk(1u, hd2, k);
 #else
         let wb2 = wb;
 #endif
 #else
-        let wb = load_block(0u, rb, k);
+        let wb = load_block(ws, rb, k);
 #ifdef SWIGLU
         let wb2 = load_block(1u, rb2, k);
 #else
@@ -505,7 +587,7 @@ fn main(
             s7 += token(wb, wb2, x7 + c, lane);
         }
     }
-    if (r < p.rows) {
+    if (r < seg_rows) {
         emit(t0, n_tok, r, s0);
         if (TT > 1u) {
             emit(t0 + 1u, n_tok, r, s1);
@@ -533,9 +615,9 @@ fn main(
 #endif
 
 fn store(t: u32, r: u32, v: f32, v2: f32) {
-    var yo = p.y_offset + t * p.y_stride + r;
+    var yo = seg_y_offset + t * seg_y_stride + r;
     if (p.y_at_pos != 0u) {
-        yo += step.pos0 * p.y_stride;
+        yo += step.pos0 * seg_y_stride;
     }
     var o = v;
 #ifdef SWIGLU
@@ -544,6 +626,24 @@ fn store(t: u32, r: u32, v: f32, v2: f32) {
 #else
     o = v / (1.0 + exp(-v)) * v2;
 #endif
+#endif
+#ifdef MULTI
+    if (seg == 1u) {
+#ifdef ACC
+        y2[yo] += o;
+#else
+        y2[yo] = o;
+#endif
+        return;
+    }
+    if (seg == 2u) {
+#ifdef ACC
+        y3[yo] += o;
+#else
+        y3[yo] = o;
+#endif
+        return;
+    }
 #endif
 #ifdef ACC
     y[yo] += o;

@@ -2,7 +2,9 @@
 // head: workgroup (t, h) normalizes the n values at X[x_offset + t * x_stride + h * n] (one head
 // of a row when the grid's y is the head count, the whole row when it is 1).
 //
-// Defines: INPLACE (no X binding: normalize Y in place); ACC (add into Y: a residual add).
+// Defines: INPLACE (no X binding: normalize Y in place); ACC (add into Y: a residual add);
+// LANES (CPU rasterizers with 8-wide subgroups): a workgroup is one subgroup of 8 lanes that
+// sums with a subgroup operation instead of workgroup memory and barriers.
 
 struct Params {
     n: u32,
@@ -22,8 +24,12 @@ struct Params {
 @group(0) @binding(3) var<storage, read> wt: array<f32>;
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
 
+#ifdef LANES
+const WG: u32 = 8u;
+#else
 const WG: u32 = 64u;
 var<workgroup> red: array<f32, WG>;
+#endif
 
 fn xv(i: u32) -> f32 {
 #ifdef INPLACE
@@ -47,6 +53,9 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         let v = xv(xb + i);
         s += v * v;
     }
+#ifdef LANES
+    let total = subgroupAdd(s);
+#else
     red[lid] = s;
     workgroupBarrier();
     for (var k = WG / 2u; k > 0u; k >>= 1u) {
@@ -55,7 +64,9 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         }
         workgroupBarrier();
     }
-    let inv = 1.0 / sqrt(red[0] / f32(p.n) + p.eps);
+    let total = red[0];
+#endif
+    let inv = 1.0 / sqrt(total / f32(p.n) + p.eps);
     let yb = t * p.y_stride + h * p.n;
     for (var i = lid; i < p.n; i += WG) {
         let v = xv(xb + i) * inv * wt[i];

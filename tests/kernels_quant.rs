@@ -280,3 +280,104 @@ fn upload_checks_the_row_length_per_type() {
         .unwrap();
     assert!(err.to_string().contains("block length 256"), "{err}");
 }
+
+/// Three products of one X in one dispatch (Q, K and V), each into its own Y, against the CPU
+/// reference: block types (the block path, with and without shared X) and float types (the
+/// generic path), every layout, decode and prefill tiles, plain and accumulating; segments of
+/// several workgroups and of part of one.
+#[test]
+fn matmul_multi_three_products_every_layout() {
+    let Some(mut ctx) = common::gpu() else { return };
+    let mut rng = Rng(37);
+    for ty in [
+        GgmlType::Q4_1,
+        GgmlType::Q8_0,
+        GgmlType::Q5_0,
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+        GgmlType::F16,
+        GgmlType::F32,
+    ] {
+        let cols = ty.block_len().max(32) as usize * 3;
+        let rows = [70usize, 37, 5];
+        let mats: Vec<(Vec<f32>, kernels::GpuWeight)> = rows
+            .iter()
+            .map(|&r| {
+                let b = quant::quantize(ty, &rng.vec(r * cols, 1.0));
+                let d = quant::dequantize_to_vec(ty, &b, r * cols);
+                let w = kernels::upload_weight(&ctx, "w", ty, r as u32, cols as u32, &b).unwrap();
+                (d, w)
+            })
+            .collect();
+        for layout in LAYOUTS {
+            ctx.matmul_layout = layout;
+            for (t_count, tt) in [(1usize, 1u32), (11, 8)] {
+                let x = rng.vec(t_count * cols, 1.0);
+                let xb = ctx.storage_with("x", f32s(&x)).unwrap();
+                let step = step_buffer(&ctx, t_count as u32);
+                for acc in [false, true] {
+                    let bases: Vec<Vec<f32>> =
+                        rows.iter().map(|&r| rng.vec(t_count * r, 1.0)).collect();
+                    let ys: Vec<_> = bases
+                        .iter()
+                        .map(|b| ctx.storage_with("y", f32s(b)).unwrap())
+                        .collect();
+                    let products: Vec<kernels::Product> = (0..3)
+                        .map(|i| kernels::Product {
+                            w: &mats[i].1,
+                            y: &ys[i],
+                            y_stride: rows[i] as u32,
+                        })
+                        .collect();
+                    assert!(kernels::multi_fits(&products));
+                    let io = MatmulIo {
+                        x_stride: cols as u32,
+                        accumulate: acc,
+                        token_tile: tt,
+                        ..Default::default()
+                    };
+                    let d = kernels::matmul_multi(&ctx, &step, &products, &xb, io).unwrap();
+                    run(&ctx, &[d], t_count as u32);
+                    for i in 0..3 {
+                        let y = ctx.read_f32(&ys[i], t_count * rows[i]).unwrap();
+                        let zero = vec![0f32; t_count * rows[i]];
+                        let what =
+                            format!("{ty} {layout:?} product {i} T={t_count} tt={tt} acc={acc}");
+                        let base = if acc { &bases[i] } else { &zero };
+                        check(&y, &mats[i].0, &x, rows[i], cols, base, &what);
+                    }
+                }
+            }
+        }
+        // Products of different types or widths do not share a dispatch.
+        let other = kernels::upload_weight(
+            &ctx,
+            "w",
+            GgmlType::F32,
+            3,
+            cols as u32,
+            &vec![0u8; 3 * cols * 4],
+        )
+        .unwrap();
+        let y = ctx.storage("y", 64).unwrap();
+        let mixed = [
+            kernels::Product {
+                w: &mats[0].1,
+                y: &y,
+                y_stride: 1,
+            },
+            kernels::Product {
+                w: &mats[1].1,
+                y: &y,
+                y_stride: 1,
+            },
+            kernels::Product {
+                w: &other,
+                y: &y,
+                y_stride: 1,
+            },
+        ];
+        assert_eq!(kernels::multi_fits(&mixed), ty == GgmlType::F32);
+    }
+    ctx.check().unwrap();
+}

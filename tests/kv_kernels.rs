@@ -208,7 +208,7 @@ fn paged_attention_matches_reference_over_pages_pools_and_rounds() {
         &[false]
     };
     for &lanes in variants {
-        ctx.attn_lanes = lanes;
+        ctx.lane_kernels = lanes;
         attention_cases(&ctx, lanes);
     }
 }

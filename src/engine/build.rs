@@ -311,17 +311,23 @@ impl Engine {
         let head = if plan.placement.head_resident {
             load_bytes += hp.info.n_bytes;
             let w = hp.layout.upload(&ctx, &hp.info.name, &read(&hp.info)?)?;
-            let plan1 =
-                kernels::matmul(&ctx, &bufs.step, &w, &bufs.last_n, &bufs.logits, head_io(1))?;
+            let plan1 = head_label(kernels::matmul(
+                &ctx,
+                &bufs.step,
+                &w,
+                &bufs.last_n,
+                &bufs.logits,
+                head_io(1),
+            )?);
             let rows_plan = if lr > 1 {
-                kernels::matmul(
+                head_label(kernels::matmul(
                     &ctx,
                     &bufs.step,
                     &w,
                     &bufs.last_n,
                     &bufs.logits,
                     head_io(lr),
-                )?
+                )?)
             } else {
                 Vec::new()
             };
@@ -366,7 +372,7 @@ impl Engine {
                     r0 += n;
                     c += 1;
                 }
-                Ok(out)
+                Ok(head_label(out))
             };
             let plan1 = build(1)?;
             let rows_plan = if lr > 1 { build(lr)? } else { Vec::new() };
@@ -483,4 +489,12 @@ impl Engine {
 /// The I/O mode of the weight source, for the KV page file (direct unless the source maps).
 fn io_mode_of(source: &dyn WeightSource) -> crate::flash::IoMode {
     source.io_mode().unwrap_or(crate::flash::IoMode::Mmap)
+}
+
+/// The output head's matrix dispatches, labelled apart from the layers' in profiles.
+fn head_label(mut list: Vec<kernels::Dispatch>) -> Vec<kernels::Dispatch> {
+    for d in &mut list {
+        d.label = "matmul head";
+    }
+    list
 }

@@ -2,8 +2,8 @@
 //! pass.
 //!
 //! A layer's work is cut where the host may have to act between dispatches:
-//! - `pre`: RMSNorm, the Q/K/V products (+ biases; fused QKV: one dispatch per piece of each of
-//!   Q, K and V), per-head Q/K norms, RoPE of Q and K with the store of the batch's K and V
+//! - `pre`: RMSNorm, the Q/K/V products (one dispatch when they share a type and width, + biases;
+//!   fused QKV: one dispatch per piece of each of Q, K and V), per-head Q/K norms, RoPE of Q and K with the store of the batch's K and V
 //!   into home pages in one dispatch (the local table on sliding-window layers), and (page
 //!   selection) the summaries of pages that filled up;
 //! - `score` (page selection, decode only): upper bounds of the pages' attention scores, read
@@ -184,19 +184,40 @@ pub fn build_lists(
             }
         }
     } else {
-        for (role, y, width) in [
+        let products = [
             (MatrixRole::Q, &b.q, q_dim),
             (MatrixRole::K, &b.k_tmp, kv_dim),
             (MatrixRole::V, &b.v_tmp, kv_dim),
-        ] {
-            pre.extend(kernels::matmul(
+        ]
+        .into_iter()
+        .map(|(role, y, width)| {
+            Ok(kernels::Product {
+                w: m.get(role)?,
+                y,
+                y_stride: width,
+            })
+        })
+        .collect::<Result<Vec<_>, EngineError>>()?;
+        if kernels::multi_fits(&products) {
+            // One dispatch for Q, K and V.
+            pre.push(kernels::matmul_multi(
                 ctx,
                 &b.step,
-                m.get(role)?,
+                &products,
                 &b.xn,
-                y,
-                io(n_embd, width),
+                io(n_embd, q_dim),
             )?);
+        } else {
+            for pr in &products {
+                pre.extend(kernels::matmul(
+                    ctx,
+                    &b.step,
+                    pr.w,
+                    &b.xn,
+                    pr.y,
+                    io(n_embd, pr.y_stride),
+                )?);
+            }
         }
     }
     if let Some([bq, bk, bv]) = &l.bias {

@@ -23,6 +23,16 @@ impl Engine {
     /// Run every decode matrix product `reps` times in one submission; returns seconds.
     /// Only meaningful with everything resident.
     pub fn time_matvecs(&mut self, reps: usize) -> Result<f64, EngineError> {
+        self.time_matvecs_where(reps, |_| true).map(|(t, _)| t)
+    }
+
+    /// [`Self::time_matvecs`] over the products whose kernel label `keep` accepts; returns
+    /// seconds and the weight bytes one repetition reads.
+    pub fn time_matvecs_where(
+        &mut self,
+        reps: usize,
+        keep: impl Fn(&str) -> bool,
+    ) -> Result<(f64, u64), EngineError> {
         let step = Step {
             n_tokens: 1,
             pos0: 0,
@@ -32,6 +42,7 @@ impl Engine {
             .write(&self.bufs.step, 0, bytemuck::bytes_of(&step));
         self.ctx.wait()?;
         let t0 = Instant::now();
+        let mut bytes = 0u64;
         let mut enc = self.ctx.device.create_command_encoder(&Default::default());
         {
             let mut pass = enc.begin_compute_pass(&Default::default());
@@ -45,15 +56,16 @@ impl Engine {
                     .iter()
                     .flat_map(|l| l.pre.iter().chain(&l.post))
                     .chain(head)
-                    .filter(|d| d.label == "matmul")
+                    .filter(|d| d.label.starts_with("matmul") && keep(d.label))
                 {
                     d.record(&mut pass, 1);
+                    bytes += d.bytes;
                 }
             }
         }
         self.ctx.queue.submit([enc.finish()]);
         self.ctx.wait()?;
-        Ok(t0.elapsed().as_secs_f64())
+        Ok((t0.elapsed().as_secs_f64(), bytes / reps.max(1) as u64))
     }
 
     /// Copy every resident weight buffer the decode products read `reps` times (a plain device

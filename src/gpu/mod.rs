@@ -175,10 +175,13 @@ impl MatmulLayout {
         share_x: false,
     };
     /// CPU rasterizers (lavapipe, llvmpipe): a thread per row, no workgroup barriers; X shared
-    /// through subgroups where the device has them. Eight rows make one 256-bit SIMD row, and
-    /// small workgroups spread a 192-row matrix evenly over the rasterizer's threads.
+    /// through subgroups where the device has them. Eight rows make one 256-bit SIMD row; a
+    /// workgroup of eight such rows costs less per row than one (the decode products timed
+    /// alone on lavapipe: 1.9-2.0 GB/s of weights with 8 rows per workgroup, 2.1-2.2 GB/s with
+    /// 64), and splitting a row across lanes was twice as slow (X is then gathered per lane
+    /// instead of shared).
     pub const CPU: Self = Self {
-        rows_per_wg: 8,
+        rows_per_wg: 64,
         tpr: 1,
         share_x: true,
     };
@@ -195,10 +198,11 @@ pub struct GpuContext {
     pub matmul_layout: MatmulLayout,
     /// The device was opened with subgroup operations and its subgroups are always 8 wide.
     pub subgroups8: bool,
-    /// Attention runs one 8-lane subgroup per (head, row, split), keys across the lanes, with
-    /// no workgroup memory or barriers: chosen on CPU rasterizers with 8-wide subgroups, where
-    /// barriers cost more than the work (tests switch it).
-    pub attn_lanes: bool,
+    /// Attention and RMSNorm run as workgroups of one 8-lane subgroup that combine their lanes
+    /// with subgroup operations (attention: one per (head, row, split), keys across the lanes),
+    /// with no workgroup memory or barriers: chosen on CPU rasterizers with 8-wide subgroups,
+    /// where barriers cost more than the work (tests switch it).
+    pub lane_kernels: bool,
     /// Timestamp queries inside compute passes are available (`--profile`).
     pub timestamps: bool,
     /// Storage buffers can be mapped for writing (device memory is host memory): layer slots
@@ -330,11 +334,11 @@ impl GpuContext {
         } else {
             MatmulLayout::GPU
         };
-        let attn_lanes = subgroups8 && info.device_type == wgpu::DeviceType::Cpu;
+        let lane_kernels = subgroups8 && info.device_type == wgpu::DeviceType::Cpu;
         Ok(Self {
             matmul_layout,
             subgroups8,
-            attn_lanes,
+            lane_kernels,
             timestamps,
             mappable,
             pipelines: PipelineCache::new(),

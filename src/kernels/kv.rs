@@ -154,7 +154,7 @@ pub fn attention_partial(
 ) -> Result<Dispatch, KernelError> {
     s.check("attention")?;
     // CPU rasterizers: a subgroup per (head, row, split), keys across its lanes.
-    let lanes = ctx.attn_lanes && s.head_dim.is_multiple_of(4);
+    let lanes = ctx.lane_kernels && s.head_dim.is_multiple_of(4);
     let (entry, defines) = if lanes {
         let d = attn_defines(s)
             .flag("LANES")

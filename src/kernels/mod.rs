@@ -14,9 +14,11 @@ use crate::gguf::GgmlType;
 use crate::gpu::{Defines, GpuBuffer, GpuContext, GpuError};
 
 mod kv;
+mod multi;
 mod ops;
 mod weights;
 pub use kv::*;
+pub use multi::*;
 pub use ops::*;
 pub use weights::*;
 
@@ -71,6 +73,8 @@ pub struct Dispatch {
     bind_group: wgpu::BindGroup,
     grid: [u32; 3],
     axis: TokenAxis,
+    /// A second parameter buffer the dispatch reads, kept alive with it.
+    _extra: Option<GpuBuffer>,
     /// Grid z is the number of attention splits of the round being recorded (at most the
     /// built grid's z), when the recorder gives it.
     splits_z: bool,
@@ -78,6 +82,11 @@ pub struct Dispatch {
 }
 
 impl Dispatch {
+    /// Keep `b` (a buffer the bind group reads) alive as long as the dispatch.
+    fn keep(&mut self, b: GpuBuffer) {
+        self._extra = Some(b);
+    }
+
     /// Record into a compute pass for a batch of `n_tokens` tokens.
     pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, n_tokens: u32) {
         self.record_round(pass, n_tokens, None);
@@ -257,6 +266,7 @@ fn make_dispatch_at(
         bind_group,
         grid,
         splits_z: false,
+        _extra: None,
         axis,
         _params: params,
     }
@@ -408,27 +418,25 @@ pub struct WeightPart<'a> {
     pub buf_row: u32,
 }
 
-/// One dispatch of Y (+)= W X over a part of W (rows land at `first_row` of Y); with `w2`, the
-/// gated form `act(W X) * (W2 X)` over the matching rows of the second weight.
-pub fn matmul_part(
+/// The matrix kernel's defines for weights of type `ty` and `cols` columns read as `io` says
+/// (`gate`: the gated form).
+fn matmul_defines(
     ctx: &GpuContext,
-    step: &wgpu::Buffer,
-    w: &WeightPart<'_>,
-    w2: Option<SecondWeight<'_>>,
-    x: &wgpu::Buffer,
-    y: &wgpu::Buffer,
+    ty: GgmlType,
+    cols: u32,
     io: MatmulIo,
-) -> Result<Dispatch, KernelError> {
+    gate: Option<Gate>,
+) -> Result<Defines, KernelError> {
     let tt = io.token_tile.max(1);
     let layout = ctx.matmul_layout;
-    if !u64::from(w.cols).is_multiple_of(w.ty.block_len()) {
+    if !u64::from(cols).is_multiple_of(ty.block_len()) {
         return Err(KernelError::Shape {
             kernel: "matmul",
             problem: format!(
                 "{} columns is not a multiple of the {} block length {}",
-                w.cols,
-                w.ty,
-                w.ty.block_len()
+                cols,
+                ty,
+                ty.block_len()
             ),
         });
     }
@@ -438,14 +446,14 @@ pub fn matmul_part(
             problem: format!("token tile {tt} exceeds {} threads per row", layout.tpr),
         });
     }
-    let mut defines = weight_type_defines(w.ty)
+    let mut defines = weight_type_defines(ty)
         .val("ROWS_PER_WG", format!("{}u", layout.rows_per_wg))
         .val("TPR", format!("{}u", layout.tpr))
         .val("TT", format!("{tt}u"));
     if layout.tpr > 1 {
         defines = defines.flag("REDUCE");
     }
-    if w.ty.is_quantized()
+    if ty.is_quantized()
         && layout.tpr == 1
         && tt <= 8
         && io.x_offset.is_multiple_of(4)
@@ -457,18 +465,35 @@ pub fn matmul_part(
             defines = defines.flag("SHARE_X");
         }
     }
-    if matches!(w.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) && !w.cols.is_multiple_of(8) {
+    if matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) && !cols.is_multiple_of(8) {
         defines = defines.flag("RAGGED");
     }
     if io.accumulate {
         defines = defines.flag("ACC");
     }
-    if let Some(w2) = &w2 {
+    if let Some(act) = gate {
         defines = defines.flag("SWIGLU");
-        if w2.act == Gate::GeluTanh {
+        if act == Gate::GeluTanh {
             defines = defines.flag("GELU");
         }
     }
+    Ok(defines)
+}
+
+/// One dispatch of Y (+)= W X over a part of W (rows land at `first_row` of Y); with `w2`, the
+/// gated form `act(W X) * (W2 X)` over the matching rows of the second weight.
+pub fn matmul_part(
+    ctx: &GpuContext,
+    step: &wgpu::Buffer,
+    w: &WeightPart<'_>,
+    w2: Option<SecondWeight<'_>>,
+    x: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+    io: MatmulIo,
+) -> Result<Dispatch, KernelError> {
+    let defines = matmul_defines(ctx, w.ty, w.cols, io, w2.map(|s| s.act))?;
+    let layout = ctx.matmul_layout;
+    let tt = io.token_tile.max(1);
     let pipeline = ctx.pipelines.get(&ctx.device, "matmul", "main", &defines)?;
     let p = MatmulParams {
         rows: w.rows,
@@ -496,7 +521,12 @@ pub fn matmul_part(
     } else {
         TokenAxis::Y(tt)
     };
-    let mut d = make_dispatch(ctx, "matmul", pipeline, params, &bufs, grid, axis);
+    let label = match (&w2, io.accumulate) {
+        (Some(_), _) => "matmul gated",
+        (None, true) => "matmul +residual",
+        (None, false) => "matmul",
+    };
+    let mut d = make_dispatch(ctx, label, pipeline, params, &bufs, grid, axis);
     d.bytes = w.rows as u64 * w.row_bytes as u64 * if w2.is_some() { 2 } else { 1 };
     Ok(d)
 }

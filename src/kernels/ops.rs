@@ -92,6 +92,9 @@ pub fn rmsnorm_ext(
     if s.acc {
         defines = defines.flag("ACC");
     }
+    if ctx.lane_kernels {
+        defines = defines.flag("LANES");
+    }
     let pipeline = ctx
         .pipelines
         .get(&ctx.device, "rmsnorm", "main", &defines)?;

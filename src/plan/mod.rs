@@ -127,13 +127,28 @@ impl LayerWeights {
             .position(|&r| r == role)
             .map(|i| &self.layouts[i])
     }
-    /// Matrix dispatches of one forward list: one per part, a gated pair sharing theirs; a fused
-    /// matrix one per piece of each of its sub-matrices.
+    /// Whether Q, K and V share one dispatch ([`kernels::multi_shareable`]).
+    pub fn qkv_shared(&self) -> bool {
+        let mats: Option<Vec<_>> = [MatrixRole::Q, MatrixRole::K, MatrixRole::V]
+            .iter()
+            .map(|&r| {
+                self.layout(r)
+                    .map(|l| (l.ty, l.cols, l.row_bytes, l.parts.len()))
+            })
+            .collect();
+        mats.is_some_and(|m| kernels::multi_shareable(&m))
+    }
+
+    /// Single-product matrix dispatches of one forward list: one per part, a gated pair sharing
+    /// theirs; a fused matrix one per piece of each of its sub-matrices; Q, K and V none when
+    /// they share a dispatch ([`Self::qkv_shared`]).
     pub fn dispatches(&self, cfg: &ModelConfig) -> u64 {
         let parts = |role| self.layout(role).map_or(0, |l| l.parts.len() as u64);
+        let shared = self.qkv_shared();
         let mut n = 0u64;
         for &role in &self.roles {
             n += match role {
+                MatrixRole::Q | MatrixRole::K | MatrixRole::V if shared => 0,
                 MatrixRole::Up => 0,
                 MatrixRole::Qkv => {
                     let Some(l) = self.layout(role) else { continue };
@@ -237,6 +252,9 @@ pub struct ExecPlan {
     pub sizes: Sizes,
     pub norms: u64,
     pub params: u64,
+    /// Dispatches of each layer's forward list besides attention: norms, biases, per-head
+    /// norms, RoPE with the KV store, the matrix products.
+    pub layer_dispatches: Vec<u64>,
     /// Device bytes the plan allocates in all.
     pub total: u64,
 }
@@ -341,6 +359,11 @@ impl ExecPlan {
             let select = kv_min.selects_layer(l);
             let per_list = row_dispatches(cfg) * row
                 + lw.dispatches(cfg) * mm
+                + if lw.qkv_shared() {
+                    kernels::MULTI_PARAMS_BYTES
+                } else {
+                    0
+                }
                 + ROPE_STORE_PARAMS_BYTES
                 + 2 * ATTN_PARAMS_BYTES
                 + if select { KV_PARAMS_BYTES } else { 0 };
@@ -483,6 +506,10 @@ impl ExecPlan {
             - unused_ring;
         let mut placement = placement;
         placement.total = total;
+        let layer_dispatches = layers
+            .iter()
+            .map(|lw| row_dispatches(cfg) + 1 + lw.dispatches(cfg) + lw.qkv_shared() as u64)
+            .collect();
         Ok(Self {
             max_ctx,
             ubatch,
@@ -497,6 +524,7 @@ impl ExecPlan {
             sizes,
             norms,
             params,
+            layer_dispatches,
             total,
         })
     }

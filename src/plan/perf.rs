@@ -335,17 +335,21 @@ pub fn token_work(plan: &ExecPlan, n_past: usize, io: &RunIo, reuse: f64) -> Tok
     }
     let head = &plan.head.info;
     *matmul_bytes.entry(head.ty.name().to_string()).or_default() += head.n_bytes;
-    // Per layer: 2 norms, 2 RoPE, 3 biases where the model has them, the matrix parts, the KV
-    // store, attention and its merge per round, page summaries and scores with selection.
+    // Per layer: the norms, biases and per-head norms, RoPE with the KV store, the matrix
+    // dispatches (Q, K and V as one where they share it), attention per round and its merge
+    // (none for a lone one-split round), page summaries and scores with selection.
     let kv = &plan.kv;
     let n = n_past.max(1) as u64;
-    let rounds = (n.div_ceil(crate::kernels::ATTN_SPLIT_KEYS as u64))
-        .div_ceil(kv.round_splits.max(1) as u64)
-        .max(1);
+    let splits = n.div_ceil(crate::kernels::ATTN_SPLIT_KEYS as u64);
+    let rounds = splits.div_ceil(kv.round_splits.max(1) as u64).max(1);
+    let merges = if rounds == 1 && splits <= 1 {
+        0
+    } else {
+        rounds
+    };
     let mut dispatches = 0u64;
-    for (l, lw) in plan.layers.iter().enumerate() {
-        let p = |i: usize| lw.layouts[i].parts.len() as u64;
-        dispatches += 4 + p(0) + p(1) + p(2) + p(3) + p(4) + p(6) + 1 + 2 * rounds;
+    for (l, &d) in plan.layer_dispatches.iter().enumerate() {
+        dispatches += d + rounds + merges;
         if kv.selects_layer(l) {
             dispatches += 2;
         }

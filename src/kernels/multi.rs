@@ -1,0 +1,133 @@
+//! Three matrix products of one X in one dispatch: Q, K and V (or any three weights of one
+//! type and width), each written to its own Y. Saves the dispatches, and spreads three
+//! small matrices over the device as one.
+
+use bytemuck::{Pod, Zeroable};
+
+use super::{
+    Dispatch, GpuWeight, KernelError, MatmulIo, MatmulParams, TokenAxis, make_dispatch_at,
+    matmul_defines, params_buffer,
+};
+use crate::gguf::GgmlType;
+use crate::gpu::GpuContext;
+
+/// Products one dispatch carries.
+pub const MULTI_MAX: usize = 3;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+struct Segs {
+    rows: [u32; 4],
+    wg0: [u32; 4],
+    row0: [u32; 4],
+    y_stride: [u32; 4],
+    y_offset: [u32; 4],
+}
+
+/// Device bytes of a multi-product dispatch's parameters (both uniforms).
+pub const MULTI_PARAMS_BYTES: u64 =
+    (std::mem::size_of::<MatmulParams>() + std::mem::size_of::<Segs>()) as u64;
+
+/// One product of a [`matmul_multi`]: its weight, its Y and the floats between tokens in Y.
+pub struct Product<'a> {
+    pub w: &'a GpuWeight,
+    pub y: &'a wgpu::Buffer,
+    pub y_stride: u32,
+}
+
+/// Whether matrices given as (type, columns, row bytes, parts) can share one dispatch: exactly
+/// three of one type and width, each in one buffer.
+pub fn multi_shareable(mats: &[(GgmlType, u32, u32, usize)]) -> bool {
+    let Some(&(ty, cols, rb, _)) = mats.first() else {
+        return false;
+    };
+    mats.len() == MULTI_MAX
+        && mats
+            .iter()
+            .all(|&(t, c, r, parts)| t == ty && c == cols && r == rb && parts == 1)
+}
+
+/// [`multi_shareable`] for the products' weights.
+pub fn multi_fits(products: &[Product<'_>]) -> bool {
+    let mats: Vec<_> = products
+        .iter()
+        .map(|p| (p.w.ty, p.w.cols, p.w.row_bytes, p.w.parts.len()))
+        .collect();
+    multi_shareable(&mats)
+}
+
+/// Y_i (+)= W_i X for each product, in one dispatch (see [`multi_fits`]). `io` gives X and
+/// the token axis; its `y_stride` and `y_offset` are replaced by each product's.
+pub fn matmul_multi(
+    ctx: &GpuContext,
+    step: &wgpu::Buffer,
+    products: &[Product<'_>],
+    x: &wgpu::Buffer,
+    io: MatmulIo,
+) -> Result<Dispatch, KernelError> {
+    if !multi_fits(products) {
+        return Err(KernelError::Shape {
+            kernel: "matmul_multi",
+            problem: format!(
+                "{} products of differing types, widths or split weights cannot share a dispatch",
+                products.len()
+            ),
+        });
+    }
+    let first = products[0].w;
+    let defines = matmul_defines(ctx, first.ty, first.cols, io, None)?.flag("MULTI");
+    let pipeline = ctx.pipelines.get(&ctx.device, "matmul", "main", &defines)?;
+    let rpw = ctx.matmul_layout.rows_per_wg;
+    let tt = io.token_tile.max(1);
+    let mut sg = Segs::default();
+    let mut wg = 0u32;
+    for (i, pr) in products.iter().enumerate() {
+        sg.rows[i] = pr.w.rows;
+        sg.wg0[i] = wg;
+        sg.row0[i] = 0;
+        sg.y_stride[i] = pr.y_stride;
+        sg.y_offset[i] = io.y_offset + pr.w.parts[0].1;
+        wg += pr.w.rows.div_ceil(rpw);
+    }
+    let p = MatmulParams {
+        rows: first.rows,
+        cols: first.cols,
+        row_bytes: first.row_bytes,
+        x_stride: io.x_stride,
+        y_stride: products[0].y_stride,
+        y_offset: io.y_offset,
+        y_at_pos: io.y_at_pos as u32,
+        x_offset: io.x_offset,
+        n_tokens: io.n_tokens,
+        w_row0: 0,
+        w2_row0: 0,
+        _pad: 0,
+    };
+    let params = params_buffer(ctx, "matmul params", &p)?;
+    let segs = params_buffer(ctx, "matmul segments", &sg)?;
+    let bufs: Vec<(u32, &wgpu::Buffer)> = vec![
+        (1, step),
+        (2, &products[0].w.parts[0].0),
+        (3, x),
+        (4, products[0].y),
+        (5, &products[1].w.parts[0].0),
+        (6, &products[2].w.parts[0].0),
+        (7, products[1].y),
+        (8, products[2].y),
+        (9, &segs),
+    ];
+    let mut grid = [wg, 1, 1];
+    let axis = if io.n_tokens != 0 {
+        grid[1] = io.n_tokens.div_ceil(tt);
+        TokenAxis::Fixed
+    } else {
+        TokenAxis::Y(tt)
+    };
+    let mut d = make_dispatch_at(ctx, "matmul qkv", pipeline, params, &bufs, grid, axis);
+    d.bytes = products
+        .iter()
+        .map(|pr| pr.w.rows as u64 * pr.w.row_bytes as u64)
+        .sum();
+    d.keep(segs);
+    Ok(d)
+}
