@@ -19,6 +19,12 @@
 // grid's workgroups are cut into segments at `sg.wg0` (no workgroup straddles two), and
 // `begin` sets the segment's values for the invocation.
 //
+// NORM (BLOCKS with SHARE_X): X is the residual before its RMSNorm; the product normalizes it
+// itself: X values are multiplied by the norm weight `nw4` as they are read, each lane sums the
+// squares of the X values it loads (together the lanes load each once), and each token's sum is
+// scaled by 1 / sqrt(mean square + eps) at the end (eps: the bits of `p.eps`). Saves the norm's
+// dispatch and its pass over X.
+//
 // BLOCKS (quantized types, TPR = 1, TT <= 8, X offset and stride multiples of 4): a separate
 // entry body where each thread walks its row one whole 32-weight block (or 32-weight chunk of a
 // super-block) at a time, loading the block's words once, and reads X as vec4s. With SHARE_X as well (8-wide subgroups) each lane
@@ -37,7 +43,7 @@ struct Params {
     n_tokens: u32,
     w_row0: u32,
     w2_row0: u32,
-    _pad0: u32,
+    eps: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -50,6 +56,9 @@ struct Params {
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
 #ifdef SWIGLU
 @group(0) @binding(5) var<storage, read> w2: array<u32>;
+#endif
+#ifdef NORM
+@group(0) @binding(10) var<storage, read> nw4: array<vec4<f32>>;
 #endif
 #ifdef MULTI
 // Per segment (x, y, z): rows, first workgroup, first row in its buffer, Y stride, Y offset.
@@ -445,10 +454,15 @@ fn load_block(s: u32, rb: u32, k: u32) -> Blk {
 }
 #endif
 
-// The block's X values starting at vec4 index i.
-fn x_block(i: u32, lane: u32) -> Xb {
+// The block's X values starting at vec4 index i (NORM: times the norm weights g of this lane's
+// vec4, adding the squares of the values to *ss).
+fn x_block(i: u32, lane: u32, g: vec4<f32>, ss: ptr<function, f32>) -> Xb {
 #ifdef SHARE_X
-    let v = x4[i + lane];
+    var v = x4[i + lane];
+#ifdef NORM
+    *ss += dot(v, v);
+    v *= g;
+#endif
     return Xb(
         subgroupBroadcast(v, 0u), subgroupBroadcast(v, 1u), subgroupBroadcast(v, 2u),
         subgroupBroadcast(v, 3u), subgroupBroadcast(v, 4u), subgroupBroadcast(v, 5u),
@@ -465,8 +479,8 @@ fn dot_block(w: Blk, x: Xb) -> f32 {
 }
 
 // One token's sums for a block: (W x, W2 x).
-fn token(w: Blk, w2: Blk, i: u32, lane: u32) -> vec2<f32> {
-    let xb = x_block(i, lane);
+fn token(w: Blk, w2: Blk, i: u32, lane: u32, g: vec4<f32>, ss: ptr<function, f32>) -> vec2<f32> {
+    let xb = x_block(i, lane, g, ss);
 #ifdef SWIGLU
     return vec2<f32>(dot_block(w, xb), dot_block(w2, xb));
 #else
@@ -535,6 +549,15 @@ fn blocks(ws: u32, r: u32, ty: u32, lane: u32) {
     var s5 = vec2<f32>(0.0);
     var s6 = vec2<f32>(0.0);
     var s7 = vec2<f32>(0.0);
+    // Sums of squares of each token's X (NORM).
+    var q0 = 0.0;
+    var q1 = 0.0;
+    var q2 = 0.0;
+    var q3 = 0.0;
+    var q4 = 0.0;
+    var q5 = 0.0;
+    var q6 = 0.0;
+    var q7 = 0.0;
     let n_blocks = p.cols / 32u;
 #ifdef SUPER
     // Super-block fields shared by several chunks, loaded when a new group of chunks starts.
@@ -564,29 +587,61 @@ fn blocks(ws: u32, r: u32, ty: u32, lane: u32) {
 #endif
 #endif
         let c = k * 8u;
-        s0 += token(wb, wb2, x0 + c, lane);
+#ifdef NORM
+        let g = nw4[c + lane];
+#else
+        let g = vec4<f32>(1.0);
+#endif
+        s0 += token(wb, wb2, x0 + c, lane, g, &q0);
         if (TT > 1u) {
-            s1 += token(wb, wb2, x1 + c, lane);
+            s1 += token(wb, wb2, x1 + c, lane, g, &q1);
         }
         if (TT > 2u) {
-            s2 += token(wb, wb2, x2 + c, lane);
+            s2 += token(wb, wb2, x2 + c, lane, g, &q2);
         }
         if (TT > 3u) {
-            s3 += token(wb, wb2, x3 + c, lane);
+            s3 += token(wb, wb2, x3 + c, lane, g, &q3);
         }
         if (TT > 4u) {
-            s4 += token(wb, wb2, x4_ + c, lane);
+            s4 += token(wb, wb2, x4_ + c, lane, g, &q4);
         }
         if (TT > 5u) {
-            s5 += token(wb, wb2, x5 + c, lane);
+            s5 += token(wb, wb2, x5 + c, lane, g, &q5);
         }
         if (TT > 6u) {
-            s6 += token(wb, wb2, x6 + c, lane);
+            s6 += token(wb, wb2, x6 + c, lane, g, &q6);
         }
         if (TT > 7u) {
-            s7 += token(wb, wb2, x7 + c, lane);
+            s7 += token(wb, wb2, x7 + c, lane, g, &q7);
         }
     }
+#ifdef NORM
+    // 1 / RMS of each token's X: the lanes' sums together cover the whole row.
+    let n = f32(p.cols);
+    let eps = bitcast<f32>(p.eps);
+    s0 *= 1.0 / sqrt(subgroupAdd(q0) / n + eps);
+    if (TT > 1u) {
+        s1 *= 1.0 / sqrt(subgroupAdd(q1) / n + eps);
+    }
+    if (TT > 2u) {
+        s2 *= 1.0 / sqrt(subgroupAdd(q2) / n + eps);
+    }
+    if (TT > 3u) {
+        s3 *= 1.0 / sqrt(subgroupAdd(q3) / n + eps);
+    }
+    if (TT > 4u) {
+        s4 *= 1.0 / sqrt(subgroupAdd(q4) / n + eps);
+    }
+    if (TT > 5u) {
+        s5 *= 1.0 / sqrt(subgroupAdd(q5) / n + eps);
+    }
+    if (TT > 6u) {
+        s6 *= 1.0 / sqrt(subgroupAdd(q6) / n + eps);
+    }
+    if (TT > 7u) {
+        s7 *= 1.0 / sqrt(subgroupAdd(q7) / n + eps);
+    }
+#endif
     if (r < seg_rows) {
         emit(t0, n_tok, r, s0);
         if (TT > 1u) {

@@ -336,7 +336,7 @@ fn matmul_multi_three_products_every_layout() {
                         token_tile: tt,
                         ..Default::default()
                     };
-                    let d = kernels::matmul_multi(&ctx, &step, &products, &xb, io).unwrap();
+                    let d = kernels::matmul_multi(&ctx, &step, &products, None, &xb, io).unwrap();
                     run(&ctx, &[d], t_count as u32);
                     for i in 0..3 {
                         let y = ctx.read_f32(&ys[i], t_count * rows[i]).unwrap();
@@ -380,4 +380,153 @@ fn matmul_multi_three_products_every_layout() {
         assert_eq!(kernels::multi_fits(&mixed), ty == GgmlType::F32);
     }
     ctx.check().unwrap();
+}
+
+/// Products that apply the RMSNorm of X themselves (X the residual, the norm's weights bound
+/// beside it) against the CPU reference's RMSNorm then product: single, gated and the three
+/// products of one dispatch; decode and prefill tiles; the CPU layout (where the fusion runs).
+#[test]
+fn matmul_fused_norm_matches_norm_then_product() {
+    let Some(mut ctx) = common::gpu() else { return };
+    ctx.matmul_layout = MatmulLayout::CPU;
+    if !kernels::norm_fusion_available(&ctx) {
+        assert!(
+            !common::in_ci() || !ctx.subgroups8,
+            "no fusion with 8-wide subgroups"
+        );
+        return;
+    }
+    let mut rng = Rng(41);
+    let eps = 1e-5f32;
+    for ty in [
+        GgmlType::Q4_1,
+        GgmlType::Q8_0,
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+    ] {
+        assert!(kernels::norm_fuses(&ctx, ty));
+        let cols = ty.block_len().max(32) as usize * 3;
+        let rows = [70usize, 37, 5];
+        let mats: Vec<(Vec<f32>, kernels::GpuWeight)> = rows
+            .iter()
+            .map(|&r| {
+                let b = quant::quantize(ty, &rng.vec(r * cols, 1.0));
+                let d = quant::dequantize_to_vec(ty, &b, r * cols);
+                let w = kernels::upload_weight(&ctx, "w", ty, r as u32, cols as u32, &b).unwrap();
+                (d, w)
+            })
+            .collect();
+        let g: Vec<f32> = (0..cols).map(|_| 0.5 + rng.f32().abs()).collect();
+        let gb = ctx.storage_with("g", f32s(&g)).unwrap();
+        let norm = Some(kernels::Norm { w: &gb, eps });
+        for (t_count, tt) in [(1usize, 1u32), (11, 8)] {
+            // Residuals of varied scale, so the norm matters.
+            let x: Vec<f32> = rng
+                .vec(t_count * cols, 1.0)
+                .iter()
+                .enumerate()
+                .map(|(i, v)| v * (1.0 + (i / cols) as f32))
+                .collect();
+            let xn: Vec<f32> = (0..t_count)
+                .flat_map(|t| ops::rmsnorm(&x[t * cols..(t + 1) * cols], &g, eps))
+                .collect();
+            let xb = ctx.storage_with("x", f32s(&x)).unwrap();
+            let step = step_buffer(&ctx, t_count as u32);
+            let io = |ys: usize| MatmulIo {
+                x_stride: cols as u32,
+                y_stride: ys as u32,
+                token_tile: tt,
+                ..Default::default()
+            };
+            let what = |k: &str| format!("{ty} {k} T={t_count} tt={tt}");
+            let zero = |r: usize| vec![0f32; t_count * r];
+            // One product.
+            let yb = ctx.storage("y", (t_count * rows[0] * 4) as u64).unwrap();
+            let list =
+                kernels::matmul_normed(&ctx, &step, &mats[0].1, None, norm, &xb, &yb, io(rows[0]))
+                    .unwrap();
+            run(&ctx, &list, t_count as u32);
+            let y = ctx.read_f32(&yb, t_count * rows[0]).unwrap();
+            check(
+                &y,
+                &mats[0].0,
+                &xn,
+                rows[0],
+                cols,
+                &zero(rows[0]),
+                &what("single"),
+            );
+            // Three in one dispatch.
+            let ys: Vec<_> = rows
+                .iter()
+                .map(|&r| ctx.storage("y", (t_count * r * 4) as u64).unwrap())
+                .collect();
+            let products: Vec<kernels::Product> = (0..3)
+                .map(|i| kernels::Product {
+                    w: &mats[i].1,
+                    y: &ys[i],
+                    y_stride: rows[i] as u32,
+                })
+                .collect();
+            let d = kernels::matmul_multi(&ctx, &step, &products, norm, &xb, io(0)).unwrap();
+            run(&ctx, &[d], t_count as u32);
+            for i in 0..3 {
+                let y = ctx.read_f32(&ys[i], t_count * rows[i]).unwrap();
+                check(
+                    &y,
+                    &mats[i].0,
+                    &xn,
+                    rows[i],
+                    cols,
+                    &zero(rows[i]),
+                    &what("multi"),
+                );
+            }
+            // Gated: the norm applies to both products before the activation.
+            let (bg, bu) = (&mats[1], &mats[1]);
+            let hb = ctx.storage("h", (t_count * rows[1] * 4) as u64).unwrap();
+            let list = kernels::matmul_normed(
+                &ctx,
+                &step,
+                &bg.1,
+                Some((&bu.1, kernels::Gate::Silu)),
+                norm,
+                &xb,
+                &hb,
+                io(rows[1]),
+            )
+            .unwrap();
+            run(&ctx, &list, t_count as u32);
+            let h = ctx.read_f32(&hb, t_count * rows[1]).unwrap();
+            for t in 0..t_count {
+                let xt = &xn[t * cols..(t + 1) * cols];
+                let a = ops::matvec(&bg.0, rows[1], cols, xt);
+                let want = ops::swiglu(&a, &a);
+                for r in 0..rows[1] {
+                    let tol = 1e-4 * want[r].abs().max(1.0) * (cols as f32).sqrt();
+                    assert!(
+                        (h[t * rows[1] + r] - want[r]).abs() <= tol,
+                        "{} t={t} r={r}: {} vs {}",
+                        what("gated"),
+                        h[t * rows[1] + r],
+                        want[r]
+                    );
+                }
+            }
+        }
+    }
+    // A float product cannot normalize its input: an error, not a wrong result.
+    let f = kernels::upload_weight(&ctx, "w", GgmlType::F32, 2, 32, &[0u8; 256]).unwrap();
+    let g = ctx.storage("g", 128).unwrap();
+    let x = ctx.storage("x", 128).unwrap();
+    let y = ctx.storage("y", 64).unwrap();
+    let step = step_buffer(&ctx, 1);
+    let io = MatmulIo {
+        x_stride: 32,
+        y_stride: 2,
+        token_tile: 1,
+        ..Default::default()
+    };
+    let norm = Some(kernels::Norm { w: &g, eps });
+    assert!(kernels::matmul_normed(&ctx, &step, &f, None, norm, &x, &y, io).is_err());
 }

@@ -48,6 +48,7 @@ impl Engine {
         };
         let mut popts = opts.plan_options();
         popts.in_place = in_place;
+        popts.fuse_norms = kernels::norm_fusion_available(&ctx);
         if opts.profile && ctx.timestamps {
             popts.extra_bytes += crate::gpu::profile::PROFILE_BYTES;
         }
@@ -277,6 +278,7 @@ impl Engine {
                     kv.touched_pages,
                     kv.max_pages,
                     tt,
+                    plan.fused_norms[l],
                 )?);
             }
         }

@@ -2,7 +2,8 @@
 //! pass.
 //!
 //! A layer's work is cut where the host may have to act between dispatches:
-//! - `pre`: RMSNorm, the Q/K/V products (one dispatch when they share a type and width, + biases;
+//! - `pre`: RMSNorm (or the products normalize X as they read it, where the device can), the
+//!   Q/K/V products (one dispatch when they share a type and width, + biases;
 //!   fused QKV: one dispatch per piece of each of Q, K and V), per-head Q/K norms, RoPE of Q and K with the store of the batch's K and V
 //!   into home pages in one dispatch (the local table on sliding-window layers), and (page
 //!   selection) the summaries of pages that filled up;
@@ -128,6 +129,7 @@ pub fn build_lists(
     max_jobs: u32,
     max_pages: u32,
     tt: u32,
+    fused_norms: [bool; 2],
 ) -> Result<Lists, EngineError> {
     let n_embd = cfg.n_embd as u32;
     let hd = cfg.head_dim as u32;
@@ -151,7 +153,21 @@ pub fn build_lists(
         };
         kernels::rmsnorm_ext(ctx, &b.step, x.map(|x| &**x), w, y, &spec)
     };
-    let mut pre = vec![norm(Some(&b.x), &l.attn_norm, &b.xn, n_embd, 1, false)?];
+    // The attention input's RMSNorm: a dispatch of its own into xn, or applied by the Q/K/V
+    // products to the residual as they read it.
+    let mut pre = Vec::new();
+    let (qkv_x, qkv_norm) = if fused_norms[0] {
+        (
+            &b.x,
+            Some(kernels::Norm {
+                w: &l.attn_norm,
+                eps: cfg.rms_eps,
+            }),
+        )
+    } else {
+        pre.push(norm(Some(&b.x), &l.attn_norm, &b.xn, n_embd, 1, false)?);
+        (&b.xn, None)
+    };
     if cfg.fused_qkv {
         // Rows [0, q) of attn_qkv are Q, then K, then V: one dispatch per piece of each.
         let w = m.get(MatrixRole::Qkv)?;
@@ -172,12 +188,13 @@ pub fn build_lists(
                     rows,
                     buf_row: in_part,
                 };
-                pre.push(kernels::matmul_part(
+                pre.push(kernels::matmul_part_with(
                     ctx,
                     &b.step,
                     &part,
                     None,
-                    &b.xn,
+                    qkv_norm,
+                    qkv_x,
                     y,
                     io(n_embd, width),
                 )?);
@@ -204,16 +221,19 @@ pub fn build_lists(
                 ctx,
                 &b.step,
                 &products,
-                &b.xn,
+                qkv_norm,
+                qkv_x,
                 io(n_embd, q_dim),
             )?);
         } else {
             for pr in &products {
-                pre.extend(kernels::matmul(
+                pre.extend(kernels::matmul_normed(
                     ctx,
                     &b.step,
                     pr.w,
-                    &b.xn,
+                    None,
+                    qkv_norm,
+                    qkv_x,
                     pr.y,
                     io(n_embd, pr.y_stride),
                 )?);
@@ -309,7 +329,19 @@ pub fn build_lists(
         q_dim,
         post_attn,
     )?;
-    post.push(norm(Some(&b.x), &l.ffn_norm, &b.xn, n_embd, 1, false)?);
+    // The FFN input's RMSNorm, likewise.
+    let (ffn_x, ffn_norm) = if fused_norms[1] {
+        (
+            &b.x,
+            Some(kernels::Norm {
+                w: &l.ffn_norm,
+                eps: cfg.rms_eps,
+            }),
+        )
+    } else {
+        post.push(norm(Some(&b.x), &l.ffn_norm, &b.xn, n_embd, 1, false)?);
+        (&b.xn, None)
+    };
     let act = match cfg.ffn_act {
         FfnAct::Silu => Gate::Silu,
         FfnAct::GeluTanh => Gate::GeluTanh,
@@ -333,26 +365,27 @@ pub fn build_lists(
                 buf_row: pc.up.1,
                 act,
             };
-            post.push(kernels::matmul_part(
+            post.push(kernels::matmul_part_with(
                 ctx,
                 &b.step,
                 &part,
                 Some(second),
-                &b.xn,
+                ffn_norm,
+                ffn_x,
                 &b.h,
                 io(n_embd, n_ff),
             )?);
         }
     } else {
-        post.extend(kernels::matmul_gated(
+        post.extend(kernels::matmul_normed(
             ctx,
             &b.step,
             m.get(MatrixRole::Gate)?,
-            m.get(MatrixRole::Up)?,
-            &b.xn,
+            Some((m.get(MatrixRole::Up)?, act)),
+            ffn_norm,
+            ffn_x,
             &b.h,
             io(n_embd, n_ff),
-            act,
         )?);
     }
     residual(&mut post, m.get(MatrixRole::Down)?, &b.h, n_ff, post_ffw)?;

@@ -258,6 +258,7 @@ impl EngineOptions {
             in_place: false,
             max_binding: self.max_binding,
             max_seqs: self.max_seqs,
+            fuse_norms: false,
         }
     }
 }

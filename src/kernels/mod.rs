@@ -286,7 +286,8 @@ struct MatmulParams {
     n_tokens: u32,
     w_row0: u32,
     w2_row0: u32,
-    _pad: u32,
+    /// RMSNorm epsilon (f32 bits) of a product that normalizes its X.
+    eps: u32,
 }
 
 /// Where a matrix product reads and writes.
@@ -317,7 +318,7 @@ pub fn matmul(
     y: &wgpu::Buffer,
     io: MatmulIo,
 ) -> Result<Vec<Dispatch>, KernelError> {
-    matmul_impl(ctx, step, w, None, x, y, io)
+    matmul_impl(ctx, step, w, None, None, x, y, io)
 }
 
 /// Y = silu(Wg X) * (Wu X): the fused gate/up projection of a SwiGLU FFN.
@@ -355,7 +356,7 @@ pub fn matmul_gated(
             problem: "gate and up weights differ in type or shape".into(),
         });
     }
-    matmul_impl(ctx, step, wg, Some((wu, act)), x, y, io)
+    matmul_impl(ctx, step, wg, Some((wu, act)), None, x, y, io)
 }
 
 /// The activation of a gated product: `act(W X) * (W2 X)`.
@@ -366,11 +367,40 @@ pub enum Gate {
     GeluTanh,
 }
 
+/// [`matmul`] or, with `w2`, [`matmul_gated`], normalizing X first when `norm` is given
+/// (only where [`norm_fuses`]).
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_normed(
+    ctx: &GpuContext,
+    step: &wgpu::Buffer,
+    w: &GpuWeight,
+    w2: Option<(&GpuWeight, Gate)>,
+    norm: Option<Norm<'_>>,
+    x: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+    io: MatmulIo,
+) -> Result<Vec<Dispatch>, KernelError> {
+    if let Some((wu, _)) = w2
+        && (w.ty != wu.ty
+            || w.rows != wu.rows
+            || w.cols != wu.cols
+            || w.parts.len() != wu.parts.len())
+    {
+        return Err(KernelError::Shape {
+            kernel: "matmul_swiglu",
+            problem: "gate and up weights differ in type or shape".into(),
+        });
+    }
+    matmul_impl(ctx, step, w, w2, norm, x, y, io)
+}
+
+#[allow(clippy::too_many_arguments)]
 fn matmul_impl(
     ctx: &GpuContext,
     step: &wgpu::Buffer,
     w: &GpuWeight,
     w2: Option<(&GpuWeight, Gate)>,
+    norm: Option<Norm<'_>>,
     x: &wgpu::Buffer,
     y: &wgpu::Buffer,
     io: MatmulIo,
@@ -391,7 +421,7 @@ fn matmul_impl(
             buf_row: 0,
             act,
         });
-        out.push(matmul_part(ctx, step, &part, second, x, y, io)?);
+        out.push(matmul_part_with(ctx, step, &part, second, norm, x, y, io)?);
     }
     Ok(out)
 }
@@ -480,6 +510,17 @@ fn matmul_defines(
     Ok(defines)
 }
 
+/// `defines` with the fused norm, or an error where the device cannot fuse it for `ty`.
+fn norm_defines(ctx: &GpuContext, ty: GgmlType, defines: Defines) -> Result<Defines, KernelError> {
+    if !norm_fuses(ctx, ty) {
+        return Err(KernelError::Shape {
+            kernel: "matmul",
+            problem: format!("this device's {ty} products cannot normalize their input"),
+        });
+    }
+    Ok(defines.flag("NORM"))
+}
+
 /// One dispatch of Y (+)= W X over a part of W (rows land at `first_row` of Y); with `w2`, the
 /// gated form `act(W X) * (W2 X)` over the matching rows of the second weight.
 pub fn matmul_part(
@@ -491,7 +532,45 @@ pub fn matmul_part(
     y: &wgpu::Buffer,
     io: MatmulIo,
 ) -> Result<Dispatch, KernelError> {
-    let defines = matmul_defines(ctx, w.ty, w.cols, io, w2.map(|s| s.act))?;
+    matmul_part_with(ctx, step, w, w2, None, x, y, io)
+}
+
+/// The RMSNorm a product applies to its X itself (see [`norm_fuses`]): X is the residual,
+/// `w` the norm's weights.
+#[derive(Clone, Copy)]
+pub struct Norm<'a> {
+    pub w: &'a wgpu::Buffer,
+    pub eps: f32,
+}
+
+/// Whether the matrix kernels can apply an RMSNorm of X themselves on this device for weights
+/// of type `ty`: the block path with X shared through 8-wide subgroups.
+pub fn norm_fuses(ctx: &GpuContext, ty: GgmlType) -> bool {
+    norm_fusion_available(ctx) && ty.is_quantized()
+}
+
+/// Whether this device's matrix kernels can fuse an RMSNorm for some weight type.
+pub fn norm_fusion_available(ctx: &GpuContext) -> bool {
+    let l = ctx.matmul_layout;
+    l.tpr == 1 && l.share_x && ctx.subgroups8 && l.rows_per_wg.is_multiple_of(8)
+}
+
+/// [`matmul_part`], normalizing X first when `norm` is given (only where [`norm_fuses`]).
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_part_with(
+    ctx: &GpuContext,
+    step: &wgpu::Buffer,
+    w: &WeightPart<'_>,
+    w2: Option<SecondWeight<'_>>,
+    norm: Option<Norm<'_>>,
+    x: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+    io: MatmulIo,
+) -> Result<Dispatch, KernelError> {
+    let mut defines = matmul_defines(ctx, w.ty, w.cols, io, w2.map(|s| s.act))?;
+    if norm.is_some() {
+        defines = norm_defines(ctx, w.ty, defines)?;
+    }
     let layout = ctx.matmul_layout;
     let tt = io.token_tile.max(1);
     let pipeline = ctx.pipelines.get(&ctx.device, "matmul", "main", &defines)?;
@@ -507,13 +586,16 @@ pub fn matmul_part(
         n_tokens: io.n_tokens,
         w_row0: w.buf_row,
         w2_row0: w2.map(|s| s.buf_row).unwrap_or(0),
-        _pad: 0,
+        eps: norm.map_or(0, |n| n.eps.to_bits()),
     };
     let params = params_buffer(ctx, "matmul params", &p)?;
     let mut grid = [w.rows.div_ceil(layout.rows_per_wg), 1, 1];
-    let mut bufs: Vec<&wgpu::Buffer> = vec![step, w.buffer, x, y];
+    let mut bufs: Vec<(u32, &wgpu::Buffer)> = vec![(1, step), (2, w.buffer), (3, x), (4, y)];
     if let Some(w2) = &w2 {
-        bufs.push(w2.buffer);
+        bufs.push((5, w2.buffer));
+    }
+    if let Some(n) = &norm {
+        bufs.push((10, n.w));
     }
     let axis = if io.n_tokens != 0 {
         grid[1] = io.n_tokens.div_ceil(tt);
@@ -526,7 +608,7 @@ pub fn matmul_part(
         (None, true) => "matmul +residual",
         (None, false) => "matmul",
     };
-    let mut d = make_dispatch(ctx, label, pipeline, params, &bufs, grid, axis);
+    let mut d = make_dispatch_at(ctx, label, pipeline, params, &bufs, grid, axis);
     d.bytes = w.rows as u64 * w.row_bytes as u64 * if w2.is_some() { 2 } else { 1 };
     Ok(d)
 }

@@ -5,8 +5,8 @@
 use bytemuck::{Pod, Zeroable};
 
 use super::{
-    Dispatch, GpuWeight, KernelError, MatmulIo, MatmulParams, TokenAxis, make_dispatch_at,
-    matmul_defines, params_buffer,
+    Dispatch, GpuWeight, KernelError, MatmulIo, MatmulParams, Norm, TokenAxis, make_dispatch_at,
+    matmul_defines, norm_defines, params_buffer,
 };
 use crate::gguf::GgmlType;
 use crate::gpu::GpuContext;
@@ -56,12 +56,14 @@ pub fn multi_fits(products: &[Product<'_>]) -> bool {
     multi_shareable(&mats)
 }
 
-/// Y_i (+)= W_i X for each product, in one dispatch (see [`multi_fits`]). `io` gives X and
-/// the token axis; its `y_stride` and `y_offset` are replaced by each product's.
+/// Y_i (+)= W_i X for each product, in one dispatch (see [`multi_fits`]), normalizing X first
+/// when `norm` is given. `io` gives X and the token axis; its `y_stride` and `y_offset` are
+/// replaced by each product's.
 pub fn matmul_multi(
     ctx: &GpuContext,
     step: &wgpu::Buffer,
     products: &[Product<'_>],
+    norm: Option<Norm<'_>>,
     x: &wgpu::Buffer,
     io: MatmulIo,
 ) -> Result<Dispatch, KernelError> {
@@ -75,7 +77,10 @@ pub fn matmul_multi(
         });
     }
     let first = products[0].w;
-    let defines = matmul_defines(ctx, first.ty, first.cols, io, None)?.flag("MULTI");
+    let mut defines = matmul_defines(ctx, first.ty, first.cols, io, None)?.flag("MULTI");
+    if norm.is_some() {
+        defines = norm_defines(ctx, first.ty, defines)?;
+    }
     let pipeline = ctx.pipelines.get(&ctx.device, "matmul", "main", &defines)?;
     let rpw = ctx.matmul_layout.rows_per_wg;
     let tt = io.token_tile.max(1);
@@ -101,11 +106,11 @@ pub fn matmul_multi(
         n_tokens: io.n_tokens,
         w_row0: 0,
         w2_row0: 0,
-        _pad: 0,
+        eps: norm.map_or(0, |n| n.eps.to_bits()),
     };
     let params = params_buffer(ctx, "matmul params", &p)?;
     let segs = params_buffer(ctx, "matmul segments", &sg)?;
-    let bufs: Vec<(u32, &wgpu::Buffer)> = vec![
+    let mut bufs: Vec<(u32, &wgpu::Buffer)> = vec![
         (1, step),
         (2, &products[0].w.parts[0].0),
         (3, x),
@@ -116,6 +121,9 @@ pub fn matmul_multi(
         (8, products[2].y),
         (9, &segs),
     ];
+    if let Some(n) = &norm {
+        bufs.push((10, n.w));
+    }
     let mut grid = [wg, 1, 1];
     let axis = if io.n_tokens != 0 {
         grid[1] = io.n_tokens.div_ceil(tt);

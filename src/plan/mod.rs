@@ -82,6 +82,10 @@ pub struct PlanOptions {
     pub max_binding: Option<u64>,
     /// Sequences the engine can hold at once (batched decoding; each has its own KV pages).
     pub max_seqs: usize,
+    /// The device's matrix kernels can apply a layer's RMSNorms themselves
+    /// ([`kernels::norm_fusion_available`]): the norms of layers whose products allow it are
+    /// then no dispatches of their own.
+    pub fuse_norms: bool,
 }
 
 impl Default for PlanOptions {
@@ -104,6 +108,7 @@ impl Default for PlanOptions {
             in_place: false,
             max_binding: None,
             max_seqs: 1,
+            fuse_norms: false,
         }
     }
 }
@@ -127,6 +132,21 @@ impl LayerWeights {
             .position(|&r| r == role)
             .map(|i| &self.layouts[i])
     }
+    /// Which of the layer's two input RMSNorms (before attention, before the FFN) its products
+    /// apply themselves, on a device that can ([`PlanOptions::fuse_norms`]): those whose
+    /// consumers are all quantized.
+    pub fn fused_norms(&self, available: bool) -> [bool; 2] {
+        let quantized = |roles: &[MatrixRole]| {
+            let present: Vec<&WeightLayout> =
+                roles.iter().filter_map(|&r| self.layout(r)).collect();
+            !present.is_empty() && present.iter().all(|l| l.ty.is_quantized())
+        };
+        [
+            available && quantized(&[MatrixRole::Q, MatrixRole::K, MatrixRole::V, MatrixRole::Qkv]),
+            available && quantized(&[MatrixRole::Gate, MatrixRole::Up, MatrixRole::GateUp]),
+        ]
+    }
+
     /// Whether Q, K and V share one dispatch ([`kernels::multi_shareable`]).
     pub fn qkv_shared(&self) -> bool {
         let mats: Option<Vec<_>> = [MatrixRole::Q, MatrixRole::K, MatrixRole::V]
@@ -255,6 +275,8 @@ pub struct ExecPlan {
     /// Dispatches of each layer's forward list besides attention: norms, biases, per-head
     /// norms, RoPE with the KV store, the matrix products.
     pub layer_dispatches: Vec<u64>,
+    /// Per layer, the input RMSNorms (attention, FFN) its products apply themselves.
+    pub fused_norms: Vec<[bool; 2]>,
     /// Device bytes the plan allocates in all.
     pub total: u64,
 }
@@ -357,7 +379,9 @@ impl ExecPlan {
         let mut params = 0u64;
         for (l, lw) in layers.iter().enumerate() {
             let select = kv_min.selects_layer(l);
-            let per_list = row_dispatches(cfg) * row
+            let fused = lw.fused_norms(o.fuse_norms);
+            let per_list = (row_dispatches(cfg) - fused.iter().filter(|&&f| f).count() as u64)
+                * row
                 + lw.dispatches(cfg) * mm
                 + if lw.qkv_shared() {
                     kernels::MULTI_PARAMS_BYTES
@@ -506,9 +530,19 @@ impl ExecPlan {
             - unused_ring;
         let mut placement = placement;
         placement.total = total;
+        let fused_norms: Vec<[bool; 2]> = layers
+            .iter()
+            .map(|lw| lw.fused_norms(o.fuse_norms))
+            .collect();
         let layer_dispatches = layers
             .iter()
-            .map(|lw| row_dispatches(cfg) + 1 + lw.dispatches(cfg) + lw.qkv_shared() as u64)
+            .zip(&fused_norms)
+            .map(|(lw, f)| {
+                row_dispatches(cfg) - f.iter().filter(|&&x| x).count() as u64
+                    + 1
+                    + lw.dispatches(cfg)
+                    + lw.qkv_shared() as u64
+            })
             .collect();
         Ok(Self {
             max_ctx,
@@ -525,6 +559,7 @@ impl ExecPlan {
             norms,
             params,
             layer_dispatches,
+            fused_norms,
             total,
         })
     }
