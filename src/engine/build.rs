@@ -30,9 +30,17 @@ impl Engine {
         source: Arc<dyn WeightSource>,
         opts: &EngineOptions,
     ) -> Result<Self, EngineError> {
-        let t0 = Instant::now();
-        let cfg = ModelConfig::from_gguf(&gguf)?;
         let ctx = Arc::new(GpuContext::new(&opts.gpu)?);
+        Self::with_context(ctx, gguf, source, opts)
+    }
+
+    /// What `opts` asks of the plan on the device `ctx`: its upload path (weights written in
+    /// place where its memory is host memory and `opts.upload` allows), whether its matrix
+    /// kernels apply the layers' norms, the profiler's buffers.
+    pub fn device_plan_options(
+        ctx: &GpuContext,
+        opts: &EngineOptions,
+    ) -> Result<crate::plan::PlanOptions, EngineError> {
         let in_place = match opts.upload {
             // Measured on lavapipe (S1, side by side): through the staging ring 155-158
             // ms/token, in place 267-295 (the I/O thread cannot read a layer before the device
@@ -48,10 +56,24 @@ impl Engine {
         };
         let mut popts = opts.plan_options();
         popts.in_place = in_place;
-        popts.fuse_norms = kernels::norm_fusion_available(&ctx);
+        popts.fuse_norms = kernels::norm_fusion_available(ctx);
         if opts.profile && ctx.timestamps {
             popts.extra_bytes += crate::gpu::profile::PROFILE_BYTES;
         }
+        Ok(popts)
+    }
+
+    /// As [`Engine::with_source`], on a device already open.
+    pub fn with_context(
+        ctx: Arc<GpuContext>,
+        gguf: Arc<GgufFile>,
+        source: Arc<dyn WeightSource>,
+        opts: &EngineOptions,
+    ) -> Result<Self, EngineError> {
+        let t0 = Instant::now();
+        let cfg = ModelConfig::from_gguf(&gguf)?;
+        let popts = Self::device_plan_options(&ctx, opts)?;
+        let in_place = popts.in_place;
         let plan = ExecPlan::new(&gguf, &cfg, ctx.max_binding(), &popts)?;
         log::info!("{}", plan.placement);
         let tensor = |name: &str| {
