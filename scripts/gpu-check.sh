@@ -35,6 +35,6 @@ CI=true step kernels 240 cargo test --release --test kernels --test kernels_quan
 step resident 90 $B bench resident --runs 3 --json "$out/resident.json"
 step io 90 $B bench io --bytes 64MiB --json "$out/io.json" --plot "$out/io.svg"
 step stream 150 $B bench stream --io direct --runs 3 -n 24 --json "$out/stream.json"
-step kv 150 $B bench kv --io direct --runs 3 --prompt-tokens 2048 -n 16 --ppl-chunks 0 --page-sweep 64 --json "$out/kv.json"
+step kv 150 $B bench kv --io direct --runs 1 --prompt-tokens 2048 -n 16 --ppl-chunks 0 --page-sweep 64 --json "$out/kv.json"
 step s3 120 $B bench s3 --runs 3 -n 8 --json "$out/s3.json"
 log "done in $(( $(date +%s) - start ))s: $out"
