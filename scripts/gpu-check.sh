@@ -45,7 +45,7 @@ step calibrate 60 $B calibrate
 step resident 60 $B bench resident --runs 3 --json "$out/resident.json"
 step io 60 $B bench io --bytes 64MiB --json "$out/io.json" --plot "$out/io.svg"
 step stream 90 $B bench stream --io direct --runs 3 -n 24 --json "$out/stream.json"
-step kv 90 $B bench kv --io direct --runs 3 --prompt-tokens 2048 -n 16 --ppl-chunks 0 --page-sweep 64 --json "$out/kv.json"
+step kv 90 $B bench kv --io direct --runs 1 --prompt-tokens 2048 -n 16 --ppl-chunks 0 --page-sweep 64 --cache-share 0 --json "$out/kv.json"
 step batch 60 $B bench batch --io direct --runs 3 -n 16 --json "$out/batch.json"
 step s3 60 $B bench s3 --runs 3 -n 8 --json "$out/s3.json"
 log "done in $(( $(date +%s) - start ))s: $out"

@@ -174,6 +174,7 @@ pub fn bench(cli: &Cli, b: &BenchArgs) -> CliResult<()> {
             n,
             runs,
             ppl_chunks,
+            cache_share,
             page_sweep,
             json,
         } => {
@@ -184,11 +185,13 @@ pub fn bench(cli: &Cli, b: &BenchArgs) -> CliResult<()> {
                 model: &m,
                 base,
                 io: model.io_mode(),
+                budget: model.gpu_budget.unwrap_or(crate::bench::kv::S2_BUDGET),
                 text: text.clone(),
                 prompt_tokens: *prompt_tokens,
                 n_gen: *n,
                 runs: *runs,
                 ppl_chunks: *ppl_chunks,
+                cache_share: *cache_share,
                 page_sweep: page_sweep.clone(),
             })?;
             println!("{}", report.to_markdown());

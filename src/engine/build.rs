@@ -83,10 +83,11 @@ impl Engine {
         };
         // Tensor bytes come through the weight source (the flash reader), one tensor at a time:
         // no page of the file's map stays in this process and a file that shrinks is an error.
+        // They are read once, so around the host cache, which is left to what streams.
         let read = |t: &crate::gguf::TensorInfo| -> Result<Vec<u8>, EngineError> {
             let mut buf = vec![0u8; t.n_bytes as usize];
             source
-                .read_into(t.offset, &mut buf)
+                .read_uncached(t.offset, &mut buf)
                 .map_err(|e| EngineError::Flash(format!("{}: {e}", t.name)))?;
             Ok(buf)
         };

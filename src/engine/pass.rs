@@ -209,7 +209,7 @@ impl Engine {
             .collect();
         let n_embd = self.cfg.n_embd;
         let th = self.tracer.now();
-        // Embedding rows, gathered from the file.
+        // Embedding rows, gathered from the file (around the host cache: see `read_uncached`).
         let mut x = vec![0f32; t * n_embd];
         let row_bytes = self.embd.row_bytes() as usize;
         let mut row = vec![0u8; row_bytes];
@@ -217,7 +217,7 @@ impl Engine {
             let off = self.embd.offset + id as u64 * row_bytes as u64;
             self.io_
                 .source()
-                .read_into(off, &mut row)
+                .read_uncached(off, &mut row)
                 .map_err(|e| EngineError::Flash(e.to_string()))?;
             quant::dequantize(self.embd.ty, &row, &mut x[i * n_embd..(i + 1) * n_embd]);
             self.io.embd_bytes += row_bytes as u64;

@@ -4,7 +4,9 @@
 //! Streamed weights are read in the same order every token, a cyclic pattern in which an LRU
 //! cache smaller than the cycle never hits. Weight ranges are therefore *pinned* in the
 //! [`HostCache`]: the first ones seen stay until `--dram-budget` is used up, and those bytes come
-//! from DRAM every token, the rest from flash. Only misses count as flash reads.
+//! from DRAM every token, the rest from flash. Only misses count as flash reads. Bytes read once
+//! at load (resident weights, norms) and embedding rows bypass the cache
+//! ([`WeightSource::read_uncached`]).
 
 use std::sync::Arc;
 
@@ -66,6 +68,13 @@ pub trait WeightSource: ChunkSource {
     fn bytes_read(&self) -> u64;
     /// Fail when the file changed under the run (shrunk, removed, replaced).
     fn check(&self) -> Result<(), String>;
+    /// Read around the host cache: bytes read once, at load (resident weights, norms), and the
+    /// small scattered embedding rows. Pinned, they would hold `--dram-budget` for good (load
+    /// bytes are never read again), so the cache holds exactly the weights that stream each
+    /// token and KV pages, as the page hit-rate model assumes.
+    fn read_uncached(&self, offset: u64, dst: &mut [u8]) -> Result<(), SourceError> {
+        self.read_into(offset, dst)
+    }
     /// Hint that `[offset, offset + len)` is needed soon.
     fn prefetch(&self, _offset: u64, _len: u64) {}
     /// Hint that `[offset, offset + len)` is not needed until its next turn.
@@ -138,6 +147,9 @@ impl ChunkSource for FlashSource {
 impl WeightSource for FlashSource {
     fn bytes_read(&self) -> u64 {
         self.file.bytes_read()
+    }
+    fn read_uncached(&self, offset: u64, dst: &mut [u8]) -> Result<(), SourceError> {
+        Ok(self.file.read_into(offset, dst)?)
     }
     fn check(&self) -> Result<(), String> {
         self.file.check_unchanged().map_err(|e| e.to_string())

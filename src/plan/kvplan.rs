@@ -13,7 +13,11 @@ use crate::model::config::ModelConfig;
 
 use super::{PlanError, PlanOptions, round16};
 
-/// Tokens per page when `--kv-page` is not given.
+/// Tokens per page when `--kv-page` is not given. Chosen by measurement: the page-size table of
+/// BENCHMARKS.md section 4 (`flashlm bench kv --page-sweep 16,32,64,128,256`, at the S2
+/// setting) shows ms/token, KV bytes read and the ring's read rate per page size, and names the
+/// size its rule picks (the smallest page within 5% of the fastest ms/token,
+/// `bench::kv::PAGE_RULE_TOLERANCE`). Change this value when that table says so.
 pub const DEFAULT_PAGE_TOKENS: u32 = 64;
 /// Largest page size accepted.
 pub const MAX_PAGE_TOKENS: u32 = 1024;

@@ -1,0 +1,271 @@
+//! S1, the S2 modes (without and with a host cache), time to first token resumed from a
+//! session, and the perplexity of each mode.
+
+use std::path::Path;
+use std::time::Instant;
+
+use super::report::{ModeRow, PplRow};
+use super::{BenchResult, Ctx, KvBenchOptions, MODES, S1_PROMPT, Streamed, greedy, med, med_of};
+use crate::kv::session::Session;
+
+/// S1's figures: weights streaming under the same budget, a short prompt.
+#[derive(Debug, Clone)]
+pub struct S1 {
+    pub prompt_tokens: usize,
+    pub ms_per_token: f64,
+    pub weight_bytes_per_token: f64,
+    /// KV bytes read from flash per token (0 when the KV cache stays on the device, as S1 is
+    /// meant to: then the run is weights-only streaming).
+    pub kv_flash_bytes_per_token: f64,
+    pub kv_streams: bool,
+}
+
+/// S1: the weights stream, the KV cache of a short prompt stays home.
+pub fn s1(c: &mut Ctx<'_>, prompt: &[u32], runs: usize) -> BenchResult<S1> {
+    let n = S1_PROMPT.min(prompt.len());
+    let opts = c.opts(n + c.o.n_gen, "exact")?;
+    let mut rows = Vec::new();
+    let mut streams = false;
+    for r in 0..runs {
+        let mut e = c.engine(&opts, 0)?;
+        let (_, s) = e.generate(&prompt[..n], c.o.n_gen, &mut greedy(), |_| false, |_| true)?;
+        eprintln!(
+            "S1 run {}: {:.1} ms/token, KV {:.0} B/token from flash",
+            r + 1,
+            s.ms_per_token,
+            s.kv_flash_bytes_per_token
+        );
+        streams = e.plan.kv.streams;
+        rows.push(s);
+    }
+    Ok(S1 {
+        prompt_tokens: n,
+        ms_per_token: med(&rows, |s| s.ms_per_token),
+        weight_bytes_per_token: med(&rows, |s| {
+            s.flash_bytes_per_token - s.kv_flash_bytes_per_token
+        }),
+        kv_flash_bytes_per_token: med(&rows, |s| s.kv_flash_bytes_per_token),
+        kv_streams: streams,
+    })
+}
+
+/// The S2 rows and what goes with them.
+#[derive(Debug, Clone)]
+pub struct S2 {
+    pub rows: Vec<ModeRow>,
+    /// TTFT of the exact runs without a host cache (cold), median.
+    pub ttft_cold_ms: f64,
+    pub page_tokens: u32,
+}
+
+/// Every S2 mode, without a host cache, then (when the cache share is not 0) with the streamed
+/// weights plus that share of the streamed KV in the host cache. The first exact run saves the
+/// session the resumed TTFT and the model sweep start from.
+pub fn s2(c: &mut Ctx<'_>, prompt: &[u32], runs: usize, session: &Path) -> BenchResult<S2> {
+    let o = c.o;
+    let ctx_len = o.prompt_tokens + o.n_gen;
+    let mut rows = Vec::new();
+    let mut ttft_cold = Vec::new();
+    let mut page_tokens = 0;
+    let cal = crate::plan::perf::Calibration::load(&crate::plan::perf::Calibration::path()).ok();
+    for mode in MODES {
+        let opts = c.opts(ctx_len, mode)?;
+        let mut shares = vec![0.0];
+        if o.cache_share > 0.0 {
+            shares.push(o.cache_share);
+        }
+        let mut streamed = None;
+        for share in shares {
+            let mut stats = Vec::new();
+            let mut preds = Vec::new();
+            let mut perf = Vec::new();
+            let mut extra = (String::new(), 0u64, 0u64);
+            let dram = match streamed {
+                Some(s) if share > 0.0 => Streamed::dram(&s, share),
+                _ => 0,
+            };
+            for r in 0..runs {
+                let mut e = c.engine(&opts, dram)?;
+                let (_, s) = e.generate(prompt, o.n_gen, &mut greedy(), |_| false, |_| true)?;
+                let p = e.kv_prediction(&s);
+                if let Some(cal) = &cal {
+                    let (t, ttft) = e.predict(cal, prompt.len(), s.selection_reuse);
+                    perf.push((t.ms_per_token, ttft));
+                }
+                eprintln!(
+                    "S2 {mode} (host cache {dram} B) run {}: {:.1} ms/token, TTFT {:.0} ms, KV {:.0} B/token from flash (predicted {:.0}), hit {:.3} (predicted {:.3})",
+                    r + 1,
+                    s.ms_per_token,
+                    s.ttft_ms,
+                    s.kv_flash_bytes_per_token,
+                    p.flash_bytes_per_token,
+                    s.kv_hit_rate,
+                    p.hit_rate
+                );
+                if dram == 0 && mode == "exact" {
+                    ttft_cold.push(s.ttft_ms);
+                    if r == 0 {
+                        e.save_session(session)?;
+                    }
+                }
+                let st = *streamed.get_or_insert_with(|| Streamed::of(&e.plan, ctx_len));
+                extra = (e.placement.to_string(), st.weights, st.kv);
+                page_tokens = e.plan.kv.page_tokens;
+                preds.push(p);
+                stats.push(s);
+            }
+            let m = |f: &dyn Fn(&crate::plan::hitrate::KvPrediction) -> f64| {
+                med_of(preds.iter().map(f))
+            };
+            rows.push(ModeRow {
+                mode: mode.to_string(),
+                runs: stats.len(),
+                dram_budget: dram,
+                kv_cache_share: share,
+                streamed_weight_bytes: extra.1,
+                streamed_kv_bytes: extra.2,
+                ms_per_token: med(&stats, |s| s.ms_per_token),
+                kv_flash_bytes_per_token: med(&stats, |s| s.kv_flash_bytes_per_token),
+                kv_bytes_per_token: med(&stats, |s| s.kv_bytes_per_token),
+                weight_bytes_per_token: med(&stats, |s| {
+                    s.flash_bytes_per_token - s.kv_flash_bytes_per_token
+                }),
+                kv_bytes_written_per_token: med(&stats, |s| s.kv_bytes_written_per_token),
+                kv_pages_written: stats.iter().map(|s| s.kv_pages_written).max().unwrap_or(0),
+                hit_rate: med(&stats, |s| s.kv_hit_rate),
+                hit_rate_predicted: m(&|p| p.hit_rate),
+                kv_flash_predicted: m(&|p| p.flash_bytes_per_token),
+                prefetch_hit_rate: med(&stats, |s| s.prefetch_hit_rate),
+                selection_reuse: med(&stats, |s| s.selection_reuse),
+                overlap_efficiency: med(&stats, |s| s.overlap_efficiency),
+                ttft_ms: med(&stats, |s| s.ttft_ms),
+                peak_device_bytes: stats.iter().map(|s| s.peak_device_bytes).max().unwrap_or(0),
+                placement: extra.0,
+                predicted_ms_per_token: (!perf.is_empty())
+                    .then(|| med_of(perf.iter().map(|p| p.0))),
+                predicted_ttft_ms: (!perf.is_empty()).then(|| med_of(perf.iter().map(|p| p.1))),
+            });
+        }
+    }
+    Ok(S2 {
+        rows,
+        ttft_cold_ms: med_of(ttft_cold),
+        page_tokens,
+    })
+}
+
+/// Time to first token resumed from the saved session (opening it and loading the pages
+/// included), median over the runs.
+pub fn ttft_resumed(
+    c: &mut Ctx<'_>,
+    prompt: &[u32],
+    runs: usize,
+    session: &Path,
+) -> BenchResult<f64> {
+    let opts = c.opts(c.o.prompt_tokens + c.o.n_gen, "exact")?;
+    let mut ms = Vec::new();
+    for r in 0..runs {
+        let mut e = c.engine(&opts, 0)?;
+        let t = Instant::now();
+        let s = Session::open(session)?;
+        let k = e.resume(&s, prompt)?;
+        let logits = e.forward(&prompt[k..])?;
+        let _ = greedy().sample(&logits, prompt);
+        let v = t.elapsed().as_secs_f64() * 1e3;
+        eprintln!("resumed run {}: {k} tokens loaded, TTFT {v:.0} ms", r + 1);
+        ms.push(v);
+    }
+    Ok(med_of(ms))
+}
+
+/// Perplexity at the prompt's context for every mode, all resident (placement never changes
+/// results), with each mode's loss against exact paired chunk by chunk.
+pub fn perplexity(o: &KvBenchOptions<'_>, text: &str) -> BenchResult<Vec<PplRow>> {
+    if o.ppl_chunks == 0 {
+        return Ok(Vec::new());
+    }
+    let m = o.model;
+    let bos = if m.tokenizer.add_bos() {
+        m.tokenizer.bos_id()
+    } else {
+        None
+    };
+    let ids = m
+        .tokenizer
+        .encode_with_bos(text, false, m.tokenizer.add_bos());
+    let list = crate::eval::ppl::chunks(&ids, o.prompt_tokens, Some(o.ppl_chunks), bos)?;
+    let mut out: Vec<PplRow> = Vec::new();
+    let mut exact_chunks: Vec<f64> = Vec::new();
+    for mode in MODES {
+        let mut opts = o.base.clone();
+        opts.gpu.budget = None;
+        opts.ctx = Some(o.prompt_tokens);
+        opts.logit_rows = 16;
+        opts.kv_select = super::select(mode)?;
+        let mut e = crate::engine::Engine::new(m.gguf.clone(), &opts)?;
+        let t = Instant::now();
+        let rep = crate::eval::perplexity(&mut e, &list, &mut |_, _| {})?;
+        eprintln!(
+            "ppl {mode}: {:.4} +/- {:.5} over {} chunks ({:.0} s)",
+            rep.ppl,
+            rep.stderr,
+            rep.chunks,
+            t.elapsed().as_secs_f64()
+        );
+        if mode == "exact" {
+            exact_chunks = rep.per_chunk_ppl.clone();
+        }
+        let base = out.first().map(|r| r.ppl).unwrap_or(rep.ppl);
+        let (loss, loss_se) = paired_loss(&rep.per_chunk_ppl, &exact_chunks);
+        out.push(PplRow {
+            mode: mode.to_string(),
+            ppl: rep.ppl,
+            stderr: rep.stderr,
+            chunks: rep.chunks,
+            tokens: rep.tokens,
+            loss_pct: (rep.ppl / base - 1.0) * 100.0,
+            paired_loss_pct: loss,
+            paired_loss_stderr_pct: loss_se,
+        });
+    }
+    Ok(out)
+}
+
+/// A mode's perplexity loss against exact from the chunks' log ratios `d_k = ln(ppl_k /
+/// exact_k)`: `100 (exp(mean d) - 1)` and its standard error `100 exp(mean d) sd(d) / sqrt(K)`
+/// (None below 2 chunks). Chunks score the same number of tokens, so `mean d` is the log ratio
+/// of the overall perplexities; pairing removes the chunks' own spread of difficulty.
+pub fn paired_loss(mode: &[f64], exact: &[f64]) -> (f64, Option<f64>) {
+    let d: Vec<f64> = mode.iter().zip(exact).map(|(a, b)| (a / b).ln()).collect();
+    if d.is_empty() {
+        return (0.0, None);
+    }
+    let k = d.len() as f64;
+    let mean = d.iter().sum::<f64>() / k;
+    let loss = (mean.exp() - 1.0) * 100.0;
+    if d.len() < 2 {
+        return (loss, None);
+    }
+    let var = d.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (k - 1.0);
+    (loss, Some(mean.exp() * (var / k).sqrt() * 100.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::paired_loss;
+
+    #[test]
+    fn paired_loss_is_the_ratio_of_the_means_with_the_spread_of_the_chunk_ratios() {
+        // Equal chunk ratios: the loss is that ratio, with no spread.
+        let (l, se) = paired_loss(&[11.0, 22.0], &[10.0, 20.0]);
+        assert!((l - 10.0).abs() < 1e-9, "{l}");
+        assert!(se.unwrap().abs() < 1e-9);
+        // One chunk: no standard error.
+        assert_eq!(paired_loss(&[10.0], &[10.0]), (0.0, None));
+        // Ratios 1.0 and 1.02: mean log ratio ln(1.02)/2, stderr = |d1 - d2| / 2 (times exp).
+        let (l, se) = paired_loss(&[10.0, 10.2], &[10.0, 10.0]);
+        let d = 1.02f64.ln();
+        assert!((l - ((d / 2.0).exp() - 1.0) * 100.0).abs() < 1e-9);
+        assert!((se.unwrap() - (d / 2.0).exp() * d / 2.0 * 100.0).abs() < 1e-9);
+    }
+}
