@@ -30,9 +30,16 @@ impl Engine {
         source: Arc<dyn WeightSource>,
         opts: &EngineOptions,
     ) -> Result<Self, EngineError> {
-        let t0 = Instant::now();
-        let cfg = ModelConfig::from_gguf(&gguf)?;
         let ctx = Arc::new(GpuContext::new(&opts.gpu)?);
+        Self::with_context(gguf, source, opts, ctx)
+    }
+
+    /// The plan options the engine plans with on `ctx`: `opts`'s, with the upload path decided
+    /// for the adapter and room for the profiler's buffers.
+    pub fn device_plan_options(
+        opts: &EngineOptions,
+        ctx: &GpuContext,
+    ) -> Result<crate::plan::PlanOptions, EngineError> {
         let in_place = match opts.upload {
             // Measured on lavapipe (S1, side by side): through the staging ring 155-158
             // ms/token, in place 267-295 (the I/O thread cannot read a layer before the device
@@ -51,6 +58,20 @@ impl Engine {
         if opts.profile && ctx.timestamps {
             popts.extra_bytes += crate::gpu::profile::PROFILE_BYTES;
         }
+        Ok(popts)
+    }
+
+    /// As [`Engine::with_source`], on a device already open.
+    pub fn with_context(
+        gguf: Arc<GgufFile>,
+        source: Arc<dyn WeightSource>,
+        opts: &EngineOptions,
+        ctx: Arc<GpuContext>,
+    ) -> Result<Self, EngineError> {
+        let t0 = Instant::now();
+        let cfg = ModelConfig::from_gguf(&gguf)?;
+        let popts = Self::device_plan_options(opts, &ctx)?;
+        let in_place = popts.in_place;
         let plan = ExecPlan::new(&gguf, &cfg, ctx.max_binding(), &popts)?;
         log::info!("{}", plan.placement);
         let tensor = |name: &str| {
