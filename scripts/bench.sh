@@ -4,6 +4,7 @@
 # `@@TABLE NAME@@` lines are replaced by bench-out/NAME.md. No figure is typed by hand.
 #   scripts/bench.sh                 # every benchmark (about an hour on a 2-core VM)
 #   scripts/bench.sh kv stream       # only these, reusing the other tables' last output
+#   scripts/bench.sh summary         # the predicted-vs-measured table from bench-out/*.json
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup-gpu.sh
@@ -12,7 +13,7 @@ cargo build --release
 mkdir -p bench-out
 B=./target/release/flashlm
 want=("$@")
-[ ${#want[@]} -eq 0 ] && want=(resident io stream kv types s3 batch)
+[ ${#want[@]} -eq 0 ] && want=(resident io stream kv types s3 batch summary)
 machine() {
   echo "Machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo) RAM, $(uname -m); $($B --list-adapters 2>/dev/null | head -1); $(date -u +%Y-%m-%d)"
 }
@@ -25,7 +26,8 @@ for w in "${want[@]}"; do
     types)    cmd=($B bench types --runs 3 --json bench-out/types.json) ;;
     s3)       cmd=($B bench s3 --runs 3 -n 8 --json bench-out/s3.json) ;;
     batch)    cmd=($B bench batch --io direct --runs 3 -n 16 --json bench-out/batch.json) ;;
-    *) echo "unknown benchmark $w (resident, io, stream, kv, types, s3, batch)" >&2; exit 2 ;;
+    summary)  cmd=($B bench summary --dir bench-out --json bench-out/summary.json) ;;
+    *) echo "unknown benchmark $w (resident, io, stream, kv, types, s3, batch, summary)" >&2; exit 2 ;;
   esac
   echo "## $w: ${cmd[*]}" >&2
   {

@@ -1,7 +1,11 @@
-//! The planner's choices for a matrix of budgets: each plans within its budget, runs without
-//! exceeding it, and gives the tokens of the all-resident run.
+//! The planner's choices for a matrix of budgets — placement, prefetch depth, staging-ring size
+//! and I/O mode: each plans within its budget, runs without exceeding it, and gives the tokens
+//! of the all-resident run; `flashlm plan` prints the choice `run` makes; the performance model
+//! on a real plan of a synthetic model matches numbers worked out by hand.
 mod common;
 
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use flashlm::engine::{Engine, EngineError, EngineOptions, PlacementError};
@@ -11,28 +15,28 @@ use flashlm::gguf::{GgmlType, GgufFile};
 use flashlm::gpu::GpuOptions;
 use flashlm::model::config::ModelConfig;
 use flashlm::model::synthetic::{SyntheticSpec, synthetic_llama};
-use flashlm::plan::choose::choose;
-use flashlm::plan::perf::{Calibration, FlashRate, RunIo};
+use flashlm::plan::choose::{Space, choose, placement_summary};
+use flashlm::plan::perf::{Calibration, FlashRate, RunIo, predict_token, token_work};
+use flashlm::plan::{ExecPlan, PlanOptions, ResidentSpec};
 use flashlm::sampling::{Sampler, SamplerParams};
 
-/// A machine where reads are slow next to compute for direct I/O and fast for mmap, so the
-/// choice is not always the same.
+fn rate(mode: &str, piece: u64, threads: usize, gb_s: f64) -> FlashRate {
+    FlashRate {
+        mode: mode.into(),
+        piece,
+        threads,
+        gb_s,
+    }
+}
+
+/// A machine where reads run at `direct_gb_s` and `mmap_gb_s` whatever their size, so the
+/// choice of I/O mode is not always the same.
 fn calibration(direct_gb_s: f64, mmap_gb_s: f64) -> Calibration {
     Calibration {
         adapter: "test".into(),
         flash: vec![
-            FlashRate {
-                mode: "direct".into(),
-                piece: 1 << 20,
-                threads: 4,
-                gb_s: direct_gb_s,
-            },
-            FlashRate {
-                mode: "mmap".into(),
-                piece: 1 << 20,
-                threads: 4,
-                gb_s: mmap_gb_s,
-            },
+            rate("direct", 1 << 20, 4, direct_gb_s),
+            rate("mmap", 1 << 20, 4, mmap_gb_s),
         ],
         upload_gb_s: 4.0,
         matvec_gb_s: [("Q8_0".to_string(), 1.0)].into(),
@@ -40,6 +44,20 @@ fn calibration(direct_gb_s: f64, mmap_gb_s: f64) -> Calibration {
         dispatch_s: 20e-6,
         attn_gb_s: 1.0,
         overlap_beta: 0.3,
+    }
+}
+
+/// A machine where small reads are slow (larger ring slots read faster) and dispatches are
+/// dear (an output head streamed in many chunks costs more than one resident).
+fn piecewise_calibration() -> Calibration {
+    Calibration {
+        flash: vec![
+            rate("direct", 4096, 1, 0.01),
+            rate("direct", 32768, 1, 0.2),
+            rate("mmap", 1 << 20, 4, 0.001),
+        ],
+        dispatch_s: 1e-3,
+        ..calibration(1.0, 1.0)
     }
 }
 
@@ -53,12 +71,16 @@ fn greedy(e: &mut Engine, prompt: &[u32]) -> Vec<u32> {
         .0
 }
 
-#[test]
-fn planner_choices_fit_and_run_for_every_budget() {
-    if common::gpu().is_none() {
-        return;
-    }
-    let spec = SyntheticSpec {
+fn scratch(name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("planner-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn small_spec() -> SyntheticSpec {
+    SyntheticSpec {
         n_layers: 6,
         n_embd: 128,
         n_heads: 4,
@@ -68,18 +90,23 @@ fn planner_choices_fit_and_run_for_every_budget() {
         weight_type: GgmlType::Q8_0,
         ctx: 128,
         untied_output: true,
-    };
-    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("planner-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("m.gguf");
-    std::fs::write(&path, synthetic_llama(&spec, 3)).unwrap();
+    }
+}
+
+#[test]
+fn planner_choices_fit_and_run_for_every_budget() {
+    if common::gpu().is_none() {
+        return;
+    }
+    let path = scratch("matrix").join("m.gguf");
+    std::fs::write(&path, synthetic_llama(&small_spec(), 3)).unwrap();
     let gguf = Arc::new(GgufFile::open(&path).unwrap());
     let cfg = ModelConfig::from_gguf(&gguf).unwrap();
     let base = EngineOptions {
         ctx: Some(64),
         ring_chunk: 8192,
         head_chunk: 16384,
+        upload: flashlm::engine::UploadMode::Staging,
         ..Default::default()
     };
     let prompt: Vec<u32> = (0..9).map(|i| (i * 211 + 5) % 2000).collect();
@@ -101,30 +128,67 @@ fn planner_choices_fit_and_run_for_every_budget() {
         dram: 0,
         in_place: false,
     };
-    let mut seen = std::collections::HashSet::new();
-    for cal in [calibration(0.05, 2.0), calibration(5.0, 0.01)] {
-        for k in 0..=4u64 {
+    // Every knob open; ring slots sized for this small model.
+    let space = Space {
+        prefetches: vec![1, 2, 3],
+        modes: vec![IoMode::Direct, IoMode::Mmap],
+        ring_chunks: vec![4096, 8192, 32768],
+        placements: true,
+    };
+    let mut seen = HashSet::new();
+    let mut ran = HashSet::new();
+    for cal in [
+        calibration(0.05, 2.0),
+        calibration(5.0, 0.01),
+        piecewise_calibration(),
+    ] {
+        // From the least that runs to more than everything resident needs.
+        for k in 0..=5u64 {
             let budget = min + (all - min) * k / 4;
             let mut o = base.clone();
             o.gpu = GpuOptions {
                 budget: Some(budget),
                 ..Default::default()
             };
-            let c = choose(
+            let po = o.plan_options();
+            let c = choose(&gguf, &cfg, &po, 128 << 20, &cal, prompt.len(), &space, &io)
+                .unwrap_or_else(|| panic!("no plan for budget {budget}"));
+            assert!(c.ms_per_token.is_finite() && c.ms_per_token > 0.0);
+            assert!(c.total <= budget, "budget {budget}: {c:?}");
+            if k == 5 {
+                assert_eq!(c.placement, "all 6 layers and the head resident", "{c:?}");
+                assert_eq!(c.ring_slots, 0, "{c:?}");
+            }
+            // No candidate the planner could have taken predicts faster: the fixed rules'
+            // choice for the same prefetch, mode and ring is never better.
+            let mut fixed = po.clone();
+            fixed.prefetch = c.prefetch;
+            fixed.ring_chunk = c.ring_chunk;
+            let f = choose(
                 &gguf,
                 &cfg,
-                &o.plan_options(),
+                &fixed,
                 128 << 20,
                 &cal,
                 prompt.len(),
-                &[1, 2, 3],
-                &[IoMode::Direct, IoMode::Mmap],
+                &Space::fixed(&fixed, c.io),
                 &io,
-            )
-            .unwrap_or_else(|| panic!("no plan for budget {budget}"));
-            assert!(c.ms_per_token.is_finite() && c.ms_per_token > 0.0);
-            seen.insert((c.prefetch, c.io.to_string()));
+            );
+            if let Some(f) = f {
+                assert!(c.ms_per_token <= f.ms_per_token + 1e-12, "{c:?} vs {f:?}");
+            }
+            let head_first = matches!(c.resident, ResidentSpec::List { head: true, .. });
+            // The ring size counts where there is a ring.
+            let ring = (c.ring_slots > 0).then_some(c.ring_chunk);
+            seen.insert((c.io.to_string(), ring, head_first, c.prefetch));
+            // The engine built from the choice: its placement, within the budget, the tokens
+            // of the all-resident run.
+            if !ran.insert((budget, format!("{c:?}"))) {
+                continue;
+            }
             o.prefetch = c.prefetch;
+            o.ring_chunk = c.ring_chunk;
+            o.resident = c.resident.clone();
             let file = FlashFile::open(
                 &path,
                 ReaderOptions {
@@ -135,12 +199,225 @@ fn planner_choices_fit_and_run_for_every_budget() {
             .unwrap();
             let mut e =
                 Engine::with_source(gguf.clone(), Arc::new(FlashSource::new(file, 0)), &o).unwrap();
+            assert_eq!(placement_summary(&e.placement), c.placement, "{c:?}");
+            assert_eq!(e.plan.total, c.total, "{c:?}");
             assert_eq!(greedy(&mut e, &prompt), want, "budget {budget}: {c:?}");
             let peak = e.ctx.budget.peak();
             assert!(peak <= budget, "budget {budget}: peak {peak} ({c:?})");
         }
     }
-    // The two machines lead to different I/O choices.
-    let modes: std::collections::HashSet<&str> = seen.iter().map(|(_, m)| m.as_str()).collect();
+    // The machines lead to different choices of I/O mode, ring size and placement.
+    let modes: HashSet<&str> = seen.iter().map(|s| s.0.as_str()).collect();
     assert_eq!(modes.len(), 2, "{seen:?}");
+    eprintln!("choices (I/O, ring chunk, head first, prefetch): {seen:?}");
+    let rings: HashSet<u64> = seen.iter().filter_map(|s| s.1).collect();
+    assert!(rings.len() >= 2, "{seen:?}");
+    assert!(
+        seen.iter().any(|s| s.2),
+        "no head-first placement: {seen:?}"
+    );
+    assert!(seen.iter().any(|s| !s.2), "{seen:?}");
+}
+
+#[test]
+fn token_work_of_a_real_plan_matches_hand_numbers() {
+    // Two Q8_0 layers (34 bytes per 32 weights), d 64, 2 heads of 32 (one KV head: KV width
+    // 32), FFN 128, an untied head of 2000 x 64; every weight streams.
+    let spec = SyntheticSpec {
+        n_layers: 2,
+        n_embd: 64,
+        n_heads: 2,
+        n_kv_heads: 1,
+        n_ff: 128,
+        vocab: 2000,
+        weight_type: GgmlType::Q8_0,
+        ctx: 64,
+        untied_output: true,
+    };
+    let path = scratch("hand").join("m.gguf");
+    std::fs::write(&path, synthetic_llama(&spec, 5)).unwrap();
+    let gguf = GgufFile::open(&path).unwrap();
+    let cfg = ModelConfig::from_gguf(&gguf).unwrap();
+    let po = PlanOptions {
+        ctx: Some(64),
+        ring_chunk: 8192,
+        resident: ResidentSpec::parse("none", 2).unwrap(),
+        ..Default::default()
+    };
+    let plan = ExecPlan::new(&gguf, &cfg, 128 << 20, &po).unwrap();
+    let io = RunIo {
+        mode: "direct".into(),
+        piece: 1 << 20,
+        threads: 4,
+        dram: 0,
+        in_place: false,
+    };
+    let w = token_work(&plan, 40, &io, 0.5);
+    // A layer: Q 64x64 (4352 bytes), K and V 32x64 (2176 each), O 64x64 (4352), gate, up and
+    // down 128x64 (8704 each): 39168 bytes. The head: 2000 x 64 = 136000 bytes.
+    let layer = 39_168u64;
+    let head = 136_000u64;
+    assert_eq!(w.matmul_bytes["Q8_0"], 2 * layer + head);
+    assert_eq!(w.weight_flash_bytes, 2 * layer + head);
+    assert_eq!(w.weight_upload_bytes, 2 * layer + head);
+    // Per layer: two RMSNorms, RoPE with the KV store, Q, K and V in one dispatch, O, gate
+    // with up, down, and one attention round (40 keys: one split, no merge) = 8; then the
+    // final norm and the head in one chunk (512 KiB chunks hold its 136000 bytes): 16 + 2.
+    assert_eq!(w.dispatches, 18);
+    // Attention reads 40 keys x (K and V) x 32 x 2 bytes (f16) in each of 2 layers.
+    assert_eq!(w.attn_bytes, 40 * 2 * 32 * 2 * 2);
+    // Every page stays on the device: no KV I/O.
+    assert_eq!((w.kv_flash_bytes, w.kv_upload_bytes), (0.0, 0.0));
+    // Through 8 KiB ring slots a read is one 8 KiB piece on one thread.
+    assert_eq!((w.piece, w.threads), (8192, 1));
+    assert_eq!(w.slots, 2);
+    // Five ring slots of 8 KiB hold a whole layer: reads never wait on the ring.
+    assert_eq!((plan.ring_slots, w.ring_share), (5, None));
+    let cal = Calibration {
+        adapter: "hand".into(),
+        flash: vec![
+            rate("direct", 8192, 1, 0.5),
+            rate("direct", 1 << 20, 4, 3.0),
+        ],
+        upload_gb_s: 4.0,
+        matvec_gb_s: [("Q8_0".to_string(), 1.0)].into(),
+        prefill_gb_s: [("Q8_0".to_string(), 4.0)].into(),
+        dispatch_s: 20e-6,
+        attn_gb_s: 1.0,
+        overlap_beta: 0.3,
+    };
+    let p = predict_token(&cal, &w);
+    // In µs: compute = 214336 bytes at 1 GB/s (214.336) + 18 dispatches (360) + 10240 KV
+    // bytes at 1 GB/s (10.24) = 584.576; weight I/O = 214336 bytes at 0.5 GB/s (428.672)
+    // + uploaded at 4 GB/s (53.584) = 482.256.
+    let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
+    assert!(close(p.compute_ms * 1e3, 584.576), "{p:?}");
+    assert!(close(p.weight_io_ms * 1e3, 482.256), "{p:?}");
+    assert!(close(p.kv_io_ms, 0.0));
+    // The pipeline, µs: a layer reads r = 78.336, copies u = 9.792 and computes c = 39.168 +
+    // (360 + 10.24) / 2 = 224.288; the head reads 272, copies 34, computes 136.
+    // Layer 0: read [0, r], copy to r + u, compute to r + u + c = 312.416. Layer 1's read
+    // waits for that copy: [r + u, 2r + u]; its copy runs after layer 0 computed: to 322.208,
+    // compute to 546.496 (the last copy ended at 322.208). The head's read waits for it:
+    // [322.208, 594.208], copy to 628.208, compute to 764.208.
+    // Serial: 2 (r + u + c) + 272 + 34 + 136 = 1066.832; hidden 302.624; with beta 0.3:
+    // 764.208 + 90.7872 = 854.9952.
+    assert!(close(p.pipelined_ms * 1e3, 764.208), "{p:?}");
+    assert!(close(p.overlapped_ms * 1e3, 302.624), "{p:?}");
+    assert!(close(p.ms_per_token * 1e3, 854.9952), "{p:?}");
+    // Read in place, a read is the reader's own: 1 MiB pieces over 4 threads, and no copies.
+    let w = token_work(
+        &plan,
+        40,
+        &RunIo {
+            in_place: true,
+            ..io
+        },
+        0.5,
+    );
+    assert_eq!((w.piece, w.threads, w.weight_upload_bytes), (1 << 20, 4, 0));
+}
+
+/// The lines of `text` that start with `prefix`.
+fn lines<'a>(text: &'a str, prefix: &str) -> Vec<&'a str> {
+    text.lines().filter(|l| l.starts_with(prefix)).collect()
+}
+
+fn flashlm(home: &Path) -> std::process::Command {
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_flashlm"));
+    c.env("FLASHLM_HOME", home);
+    c
+}
+
+#[test]
+fn plan_prints_the_choice_run_makes() {
+    if common::gpu().is_none() {
+        return;
+    }
+    let dir = scratch("cli");
+    let spec = SyntheticSpec {
+        n_layers: 4,
+        n_embd: 512,
+        n_heads: 8,
+        n_kv_heads: 4,
+        n_ff: 1536,
+        vocab: 4000,
+        weight_type: GgmlType::Q8_0,
+        ctx: 256,
+        untied_output: true,
+    };
+    let model = dir.join("m.gguf");
+    std::fs::write(&model, synthetic_llama(&spec, 9)).unwrap();
+    let gguf = GgufFile::open(&model).unwrap();
+    let cfg = ModelConfig::from_gguf(&gguf).unwrap();
+    let all = ExecPlan::new(&gguf, &cfg, 128 << 20, &PlanOptions::default())
+        .unwrap()
+        .total;
+    // Two MiB short of everything resident: something streams.
+    let budget = (all - (2 << 20)).to_string();
+    let uncalibrated = dir.join("empty");
+    std::fs::create_dir_all(&uncalibrated).unwrap();
+    let home = dir.join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::write(
+        home.join("calibration.json"),
+        serde_json::to_string(&piecewise_calibration()).unwrap(),
+    )
+    .unwrap();
+    let stats = dir.join("stats.json");
+    let common_args = ["--gpu-budget", &budget, "--upload", "staging", "-n", "4"];
+    let run = |home: &Path| {
+        let out = flashlm(home)
+            .args(["run", "-p", "one two three four five", "--temp", "0", "-m"])
+            .arg(&model)
+            .args(common_args)
+            .arg("--stats-json")
+            .arg(&stats)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(out.status.success(), "{err}");
+        err
+    };
+    // Not calibrated: the fixed rules, said once.
+    let err = run(&uncalibrated);
+    assert_eq!(err.matches("`flashlm calibrate`").count(), 1, "{err}");
+    assert!(lines(&err, "planner: placement").is_empty(), "{err}");
+    // Calibrated: run and plan choose the same, and run's placement is the plan's.
+    let err = run(&home);
+    let chosen = lines(&err, "planner: placement");
+    assert_eq!(chosen.len(), 1, "{err}");
+    let j: serde_json::Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
+    let prompt = j["prompt_ids"].as_array().unwrap().len().to_string();
+    let out = flashlm(&home)
+        .args(["plan", "--prompt-tokens", &prompt, "-m"])
+        .arg(&model)
+        .args(common_args)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(lines(&text, "planner: placement"), chosen, "{text}");
+    let placement = j["placement"].as_str().unwrap();
+    assert!(text.lines().any(|l| l == placement), "{placement}\n{text}");
+    assert!(text.contains("predicted (calibration of test)"), "{text}");
+    // A flag fixes its knob, and the planner says so.
+    let out = flashlm(&home)
+        .args(["plan", "--io", "mmap", "--ring-chunk", "1MiB", "-m"])
+        .arg(&model)
+        .args(common_args)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let line = lines(&text, "planner: placement");
+    assert_eq!(line.len(), 1, "{text}");
+    assert!(
+        line[0].contains("I/O mmap") && line[0].contains("x 1024 KiB"),
+        "{text}"
+    );
+    assert!(line[0].ends_with("fixed by --io, --ring-chunk"), "{text}");
 }

@@ -6,6 +6,7 @@ pub mod calibrate;
 pub mod io;
 pub mod kv;
 pub mod s3;
+pub mod summary;
 pub mod types;
 
 use std::sync::Arc;
@@ -58,6 +59,11 @@ pub struct ResidentReport {
     /// Microseconds per empty dispatch (2000 in one submission).
     pub dispatch_us: f64,
     pub peak_device_bytes: u64,
+    /// Median decode milliseconds per token, and the performance model's figure for the same
+    /// runs (None when this machine is not calibrated).
+    pub ms_per_token: f64,
+    pub predicted_ms_per_token: Option<f64>,
+    pub predicted_ttft_ms: Option<f64>,
 }
 
 impl ResidentReport {
@@ -76,7 +82,9 @@ impl ResidentReport {
              | roofline kernel (one XOR per 16 bytes), GB/s of the same bytes (median) | {:.2} |\n\
              | matvec / roofline | {:.2} |\n\
              | empty dispatch, µs each (2000 in one submission, median) | {:.1} |\n\
-             | peak device bytes | {} |",
+             | peak device bytes | {} |\n\
+             | decode ms/token: measured (median) / predicted | {:.2} / {} |\n\
+             | time to first token, ms: predicted | {} |",
             self.adapter,
             self.backend,
             self.prompt_tokens,
@@ -92,7 +100,12 @@ impl ResidentReport {
             self.roofline_gb_s,
             self.matvec_over_roofline,
             self.dispatch_us,
-            self.peak_device_bytes
+            self.peak_device_bytes,
+            self.ms_per_token,
+            self.predicted_ms_per_token
+                .map_or("not calibrated".into(), |p| format!("{p:.2}")),
+            self.predicted_ttft_ms
+                .map_or("not calibrated".into(), |p| format!("{p:.0}")),
         )
     }
 }
@@ -109,6 +122,8 @@ pub fn resident(
     prompt.truncate(64);
     let n_gen = 64;
     let (mut pre, mut dec, mut ttft) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut ms, mut pred) = (Vec::new(), Vec::new());
+    let cal = crate::plan::perf::Calibration::load(&crate::plan::perf::Calibration::path()).ok();
     let mut generated = 0;
     // One warm-up run, then the counted ones.
     for r in 0..=runs {
@@ -126,6 +141,10 @@ pub fn resident(
             pre.push(s.prefill_tok_s);
             dec.push(s.decode_tok_s);
             ttft.push(s.ttft_ms);
+            ms.push(s.ms_per_token);
+            if let Some(c) = &cal {
+                pred.push(engine.predict(c, prompt.len(), s.selection_reuse));
+            }
             generated = s.generated_tokens;
         }
     }
@@ -168,6 +187,11 @@ pub fn resident(
         matvec_over_roofline: matvec_gb_s / roofline_gb_s.max(1e-12),
         dispatch_us,
         peak_device_bytes: engine.ctx.budget.peak(),
+        ms_per_token: median(&mut ms),
+        predicted_ms_per_token: (!pred.is_empty())
+            .then(|| median(&mut pred.iter().map(|p| p.0.ms_per_token).collect::<Vec<_>>())),
+        predicted_ttft_ms: (!pred.is_empty())
+            .then(|| median(&mut pred.iter().map(|p| p.1).collect::<Vec<_>>())),
     })
 }
 

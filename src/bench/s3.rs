@@ -53,6 +53,11 @@ pub struct S3Report {
     pub peak_rss_bytes: u64,
     pub rss_bound: u64,
     pub placement: String,
+    /// Median time to first token of the runs, and the performance model's ms/token and TTFT
+    /// each run printed (medians; None when this machine is not calibrated).
+    pub ttft_ms: f64,
+    pub predicted_ms_per_token: Option<f64>,
+    pub predicted_ttft_ms: Option<f64>,
 }
 
 /// Write the 7B-shaped model to `path` unless a file of the right size is there.
@@ -141,16 +146,26 @@ pub fn run(path: Option<PathBuf>, runs: usize, tokens: usize) -> BenchResult<S3R
     let mut peak_dev = 0u64;
     let mut peak_rss = 0u64;
     let mut placement = String::new();
+    let (mut ttft, mut pred, mut pred_ttft) = (Vec::new(), Vec::new(), Vec::new());
     for r in 0..runs.max(1) {
         rates.push(direct_read_gb_s(&path, 2 << 30)?);
         crate::flash::evict_page_cache(&path)?;
         let v = run_child(&path, gpu, dram, IoMode::Direct, tokens)?;
         let m = v["ms_per_token"].as_f64().unwrap_or(0.0);
         let b = v["flash_bytes_per_token"].as_f64().unwrap_or(0.0);
+        let p = v["predicted"]["ms_per_token"].as_f64();
         eprintln!(
-            "S3 run {}: {m:.0} ms/token, {b:.0} flash bytes/token",
-            r + 1
+            "S3 run {}: {m:.0} ms/token{}, {b:.0} flash bytes/token",
+            r + 1,
+            p.map(|p| format!(" (predicted {p:.0})"))
+                .unwrap_or_default()
         );
+        // The run's own TTFT (prefill and first token, as the prediction counts it).
+        if let Some(t) = v["stats"]["ttft_ms"].as_f64() {
+            ttft.push(t);
+        }
+        pred.extend(p);
+        pred_ttft.extend(v["predicted"]["ttft_ms"].as_f64());
         ms.push(m);
         bytes.push(b);
         peak_dev = peak_dev.max(v["peak_device_bytes"].as_u64().unwrap_or(0));
@@ -174,6 +189,9 @@ pub fn run(path: Option<PathBuf>, runs: usize, tokens: usize) -> BenchResult<S3R
         peak_rss_bytes: peak_rss,
         rss_bound: gpu + dram + FIXED_OVERHEAD,
         placement,
+        ttft_ms: median(&mut ttft),
+        predicted_ms_per_token: (!pred.is_empty()).then(|| median(&mut pred)),
+        predicted_ttft_ms: (!pred_ttft.is_empty()).then(|| median(&mut pred_ttft)),
     })
 }
 
@@ -186,6 +204,8 @@ impl S3Report {
              | figure | value |\n|---|---|\n\
              | placement | {} |\n\
              | ms/token | {:.0} |\n\
+             | ms/token predicted (performance model, same runs) | {} |\n\
+             | time to first token, ms: measured / predicted | {:.0} / {} |\n\
              | flash bytes/token | {:.0} |\n\
              | direct read rate (cold, same runs) | {:.2} GB/s |\n\
              | ms/token over the I/O bound (bytes/token ÷ direct rate) | {:.2} |\n\
@@ -199,6 +219,16 @@ impl S3Report {
             self.tokens,
             self.placement,
             self.ms_per_token,
+            match self.predicted_ms_per_token {
+                Some(p) => format!(
+                    "{p:.0} ({:+.0}%)",
+                    (p / self.ms_per_token.max(1e-9) - 1.0) * 100.0
+                ),
+                None => "not calibrated (`flashlm calibrate`)".into(),
+            },
+            self.ttft_ms,
+            self.predicted_ttft_ms
+                .map_or("not calibrated".into(), |p| format!("{p:.0}")),
             self.flash_bytes_per_token,
             self.direct_read_gb_s,
             self.over_io_bound,

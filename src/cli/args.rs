@@ -50,14 +50,21 @@ pub enum Command {
         #[arg(long, short = 'm')]
         model: Option<PathBuf>,
     },
-    /// Print the placement a run would choose and its predicted ms/token (compute, weight I/O,
-    /// KV I/O) and time to first token, from the calibration (no GPU is used).
+    /// Print the placement, prefetch depth, ring size and I/O mode a run would choose and its
+    /// predicted ms/token (compute, weight I/O, KV I/O) and time to first token, from the
+    /// calibration. No GPU is used: --upload auto plans the staging path (auto's choice on
+    /// discrete GPUs and CPU rasterizers); --upload in-place plans reads into the layer slots.
     Plan {
         #[command(flatten)]
         model: ModelArgs,
-        /// Prompt tokens for the time to first token (and the context of the prediction).
+        /// Prompt tokens: the time to first token is predicted for a prompt this long, and the
+        /// decode step at a context of --prompt-tokens + -n/2 tokens (as `run` plans), at most
+        /// the plan's context (--ctx).
         #[arg(long, default_value = "64", value_parser = parse_tokens)]
         prompt_tokens: usize,
+        /// Tokens the run would generate (as `run -n`).
+        #[arg(short = 'n', long = "n-predict", default_value = "64", value_parser = parse_n)]
+        n: usize,
         /// The device's largest storage binding, in bytes (default: 128MiB, the smallest
         /// common limit).
         #[arg(long, value_parser = parse_max_binding)]
@@ -162,6 +169,10 @@ fn parse_io_chunk(s: &str) -> Result<u64, String> {
     bounded_size(s, "--io-chunk", 1, crate::flash::MAX_CHUNK as u64)
 }
 
+fn parse_ring_chunk(s: &str) -> Result<u64, String> {
+    bounded_size(s, "--ring-chunk", 4096, 256 << 20)
+}
+
 fn parse_max_binding(s: &str) -> Result<u64, String> {
     bounded_size(s, "--max-binding", 1 << 20, 1 << 40)
 }
@@ -194,7 +205,8 @@ pub struct ModelArgs {
     /// from flash), e.g. 64MiB.
     #[arg(long, default_value = "0", value_parser = parse_size_arg)]
     pub dram_budget: u64,
-    /// What stays on the GPU: auto (from the budget), all, none, or a list such as 0-9,head.
+    /// What stays on the GPU: auto (the planner's choice when this machine is calibrated, else
+    /// whole layers first to last, then the head), all, none, or a list such as 0-9,head.
     #[arg(long, default_value = "auto")]
     pub resident: String,
     /// How streamed weights reach the GPU: auto (in place where device memory is host memory,
@@ -202,6 +214,11 @@ pub struct ModelArgs {
     /// (read straight into mapped layer slots).
     #[arg(long, default_value = "auto")]
     pub upload: crate::engine::UploadMode,
+    /// Bytes per staging-ring slot, e.g. 1MiB: a read through the ring fills one slot at a
+    /// time (pieces of --io-chunk over up to --io-threads). Default: the planner's choice when
+    /// this machine is calibrated, else 512KiB.
+    #[arg(long, value_parser = parse_ring_chunk)]
+    pub ring_chunk: Option<u64>,
     /// Streamed layers read ahead of the one computing. Default: the planner's choice when this
     /// machine is calibrated, else 1.
     #[arg(long, value_parser = parse_prefetch)]
@@ -492,6 +509,17 @@ pub enum BenchKind {
         #[arg(long, default_value = "5", value_parser = parse_runs)]
         runs: usize,
         /// Write the figures as JSON.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
+    /// One table of the performance model's predicted ms/token (and TTFT) against the measured
+    /// figures for every scenario (resident, S1, half-model, S2, S3), from the JSON files the
+    /// other bench commands wrote; a missing file or field reads "not measured".
+    Summary {
+        /// Folder of resident.json, stream.json, kv.json and s3.json.
+        #[arg(long, default_value = "bench-out")]
+        dir: PathBuf,
+        /// Write the table as JSON.
         #[arg(long)]
         json: Option<PathBuf>,
     },

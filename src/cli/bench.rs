@@ -17,7 +17,8 @@ pub fn bench(cli: &Cli, b: &BenchArgs) -> CliResult<()> {
             let path = resolve_model(&model.model)?;
             let m = load_model(&path)?;
             let base = engine_options(cli, model, m.cfg.n_layers)?;
-            let budgets = if budgets.is_empty() {
+            let defaulted = budgets.is_empty();
+            let budgets = if defaulted {
                 // Half the model: the streaming minimum plus half the weight bytes.
                 let weights: u64 = m
                     .gguf
@@ -39,6 +40,8 @@ pub fn bench(cli: &Cli, b: &BenchArgs) -> CliResult<()> {
                 scenarios.push(crate::bench::Scenario {
                     name: if i == 0 && *b == 16 << 20 {
                         "S1".into()
+                    } else if defaulted && i == 1 {
+                        "half-model".into()
                     } else {
                         format!("budget {:.1} MiB", *b as f64 / 1048576.0)
                     },
@@ -149,6 +152,15 @@ pub fn bench(cli: &Cli, b: &BenchArgs) -> CliResult<()> {
             println!("{}", report.to_markdown());
             if let Some(j) = json {
                 std::fs::write(j, serde_json::to_string_pretty(&report)?)
+                    .map_err(|e| format!("writing {}: {e}", j.display()))?;
+            }
+            Ok(())
+        }
+        BenchKind::Summary { dir, json } => {
+            let s = crate::bench::summary::load(dir);
+            println!("{}", s.to_markdown());
+            if let Some(j) = json {
+                std::fs::write(j, serde_json::to_string_pretty(&s)?)
                     .map_err(|e| format!("writing {}: {e}", j.display()))?;
             }
             Ok(())

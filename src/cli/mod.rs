@@ -7,6 +7,7 @@
 mod args;
 mod bench;
 mod eval;
+mod plan;
 mod run;
 mod serve;
 mod synth;
@@ -17,15 +18,14 @@ pub use args::*;
 pub use synth::SynthArgs;
 
 use crate::engine::{Engine, EngineOptions, ResidentSpec};
-use crate::flash::IoMode;
 use crate::flash::source::FlashSource;
 use crate::flash::{FlashFile, ReaderOptions};
-use crate::gpu::GpuOptions;
+use crate::gpu::{GpuContext, GpuOptions};
 use crate::model::chat::ChatTemplate;
 use crate::model::{LoadedModel, load_model};
 use crate::paths;
-use crate::plan::perf::{Calibration, RunIo, predict_token, token_work};
-use crate::plan::{ExecPlan, KvSelect};
+use crate::plan::KvSelect;
+use crate::plan::perf::Calibration;
 
 pub(crate) type CliResult<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -70,6 +70,9 @@ pub fn engine_options(cli: &Cli, m: &ModelArgs, n_layers: usize) -> CliResult<En
         kv_select,
         kv_dir: m.kv_dir.clone(),
         upload: m.upload,
+        ring_chunk: m
+            .ring_chunk
+            .unwrap_or(crate::plan::PlanOptions::default().ring_chunk),
         resident: ResidentSpec::parse(&m.resident, n_layers)?,
         ..Default::default()
     })
@@ -96,49 +99,10 @@ pub fn calibration() -> Option<Calibration> {
     Calibration::load(&Calibration::path()).ok()
 }
 
-/// The device binding limit plans assume when no device is open.
-const PLAN_MAX_BINDING: u64 = 128 << 20;
-
-/// The planner over the prefetch depths and I/O modes the flags leave open.
-fn choose(
-    m: &ModelArgs,
-    model: &LoadedModel,
-    opts: &EngineOptions,
-    cal: &Calibration,
-    n_past: usize,
-) -> Option<(usize, IoMode, f64)> {
-    let prefetches: Vec<usize> = match m.prefetch {
-        Some(p) => vec![p],
-        None => vec![1, 2, 3],
-    };
-    let modes: Vec<IoMode> = match m.io {
-        Some(io) => vec![io],
-        None => vec![IoMode::Direct, IoMode::Mmap],
-    };
-    let io = RunIo {
-        mode: String::new(),
-        piece: m.io_chunk,
-        threads: m.io_threads,
-        dram: m.dram_budget,
-        in_place: false,
-    };
-    crate::plan::choose::choose(
-        &model.gguf,
-        &model.cfg,
-        &opts.plan_options(),
-        PLAN_MAX_BINDING,
-        cal,
-        n_past,
-        &prefetches,
-        &modes,
-        &io,
-    )
-    .map(|c| (c.prefetch, c.io, c.ms_per_token))
-}
-
 /// Open the model file for run-time reads and start the engine; prints the placement. Unless
-/// the flags fix them, the planner picks the prefetch depth and the I/O mode (when this machine
-/// is calibrated; `n_past` is the context to plan for).
+/// the flags fix them, the planner picks the placement, prefetch depth, staging-ring size and
+/// I/O mode when this machine is calibrated (`n_past` is the context to plan for), on the
+/// device the engine then runs on; otherwise the fixed rules apply, and it says so once.
 pub fn start_engine(
     cli: &Cli,
     m: &ModelArgs,
@@ -146,14 +110,22 @@ pub fn start_engine(
     mut opts: EngineOptions,
     n_past: usize,
 ) -> CliResult<Engine> {
+    let ctx = std::sync::Arc::new(GpuContext::new(&opts.gpu)?);
     let mut mode = m.io_mode();
-    if (m.prefetch.is_none() || m.io.is_none())
-        && let Some(cal) = calibration()
-        && let Some((p, io, t)) = choose(m, model, &opts, &cal, n_past)
-    {
-        opts.prefetch = p;
-        mode = io;
-        eprintln!("planner: prefetch {p}, I/O {io} (predicted {t:.1} ms/token)");
+    let po = Engine::device_plan_options(&opts, &ctx)?;
+    if plan::open_knobs(m, &po) {
+        match calibration() {
+            Some(cal) => {
+                if let Some(c) = plan::choose_for(m, model, &po, ctx.max_binding(), &cal, n_past) {
+                    eprintln!("{}", plan::planner_line(&c, m, &po));
+                    opts.prefetch = c.prefetch;
+                    opts.ring_chunk = c.ring_chunk;
+                    opts.resident = c.resident.clone();
+                    mode = c.io;
+                }
+            }
+            None => plan::say_uncalibrated(),
+        }
     }
     let file = FlashFile::open(
         &model.path,
@@ -164,7 +136,7 @@ pub fn start_engine(
         },
     )?;
     let source = std::sync::Arc::new(FlashSource::new(file, m.dram_budget));
-    let engine = Engine::with_source(model.gguf.clone(), source, &opts)?;
+    let engine = Engine::with_context(model.gguf.clone(), source, &opts, ctx)?;
     let _ = cli;
     let kv = &engine.plan.kv;
     eprintln!(
@@ -223,12 +195,14 @@ pub fn main_with(cli: Cli) -> CliResult<()> {
         Some(Command::Plan {
             model,
             prompt_tokens,
+            n,
             max_binding,
-        }) => plan_cmd(
+        }) => plan::plan_cmd(
             &cli,
             model,
             *prompt_tokens,
-            max_binding.unwrap_or(PLAN_MAX_BINDING),
+            *n,
+            max_binding.unwrap_or(plan::PLAN_MAX_BINDING),
         ),
         Some(Command::SessionInfo { file, model }) => {
             let s = crate::kv::session::Session::open(file)?;
@@ -315,75 +289,6 @@ fn info(path: &Path) -> CliResult<()> {
         } else {
             "none"
         }
-    );
-    Ok(())
-}
-
-/// `flashlm plan`: the placement and the prediction, without a GPU.
-fn plan_cmd(cli: &Cli, m: &ModelArgs, prompt: usize, max_binding: u64) -> CliResult<()> {
-    precheck(m)?;
-    let path = resolve_model(&m.model)?;
-    let model = load_model(&path)?;
-    let opts = engine_options(cli, m, model.cfg.n_layers)?;
-    let cal = calibration();
-    let (prefetch, mode) = match &cal {
-        Some(c) => choose(m, &model, &opts, c, prompt)
-            .map(|(p, io, _)| (p, io))
-            .unwrap_or((opts.prefetch, m.io_mode())),
-        None => (opts.prefetch, m.io_mode()),
-    };
-    let mut po = opts.plan_options();
-    po.prefetch = prefetch;
-    let plan = ExecPlan::new(&model.gguf, &model.cfg, max_binding, &po)?;
-    let kv = &plan.kv;
-    println!("{}", plan.placement);
-    println!(
-        "context {} tokens; batches of {}; prefetch {prefetch}; I/O {mode}; staging ring {} x {} bytes",
-        plan.max_ctx, plan.ubatch, plan.ring_slots, plan.ring_chunk
-    );
-    println!(
-        "KV: {}-token pages of {} bytes, {} of {} per layer on the device{}, {} splits per round",
-        kv.page_tokens,
-        kv.page_bytes,
-        kv.home_pages,
-        kv.max_pages,
-        if kv.streams {
-            ", the rest on flash"
-        } else {
-            ""
-        },
-        kv.round_splits
-    );
-    let Some(cal) = cal else {
-        println!(
-            "no prediction: this machine is not calibrated (run `flashlm calibrate`, which saves {})",
-            Calibration::path().display()
-        );
-        return Ok(());
-    };
-    let io = RunIo {
-        mode: mode.to_string(),
-        piece: m.io_chunk,
-        threads: m.io_threads,
-        dram: m.dram_budget,
-        in_place: false,
-    };
-    let w = token_work(&plan, prompt, &io, 0.5);
-    let p = predict_token(&cal, &w);
-    let ttft = crate::plan::perf::predict_prefill(&cal, &w, prompt, plan.ubatch) + p.ms_per_token;
-    println!(
-        "predicted (calibration of {}): {:.1} ms/token = compute {:.1} ms, weight I/O {:.1} ms, KV I/O {:.1} ms (overlap beta {:.2}); TTFT for {prompt} tokens {:.0} ms",
-        cal.adapter,
-        p.ms_per_token,
-        p.compute_ms,
-        p.weight_io_ms,
-        p.kv_io_ms,
-        cal.overlap_beta,
-        ttft
-    );
-    println!(
-        "per token: {} weight bytes from flash, {:.0} KV bytes from flash, {} dispatches",
-        w.weight_flash_bytes, w.kv_flash_bytes, w.dispatches
     );
     Ok(())
 }

@@ -31,15 +31,14 @@ impl Engine {
         opts: &EngineOptions,
     ) -> Result<Self, EngineError> {
         let ctx = Arc::new(GpuContext::new(&opts.gpu)?);
-        Self::with_context(ctx, gguf, source, opts)
+        Self::with_context(gguf, source, opts, ctx)
     }
 
-    /// What `opts` asks of the plan on the device `ctx`: its upload path (weights written in
-    /// place where its memory is host memory and `opts.upload` allows), whether its matrix
-    /// kernels apply the layers' norms, the profiler's buffers.
+    /// The plan options the engine plans with on `ctx`: `opts`'s, with the upload path decided
+    /// for the adapter and room for the profiler's buffers.
     pub fn device_plan_options(
-        ctx: &GpuContext,
         opts: &EngineOptions,
+        ctx: &GpuContext,
     ) -> Result<crate::plan::PlanOptions, EngineError> {
         let in_place = match opts.upload {
             // Measured on lavapipe (S1, side by side): through the staging ring 155-158
@@ -65,14 +64,14 @@ impl Engine {
 
     /// As [`Engine::with_source`], on a device already open.
     pub fn with_context(
-        ctx: Arc<GpuContext>,
         gguf: Arc<GgufFile>,
         source: Arc<dyn WeightSource>,
         opts: &EngineOptions,
+        ctx: Arc<GpuContext>,
     ) -> Result<Self, EngineError> {
         let t0 = Instant::now();
         let cfg = ModelConfig::from_gguf(&gguf)?;
-        let popts = Self::device_plan_options(&ctx, opts)?;
+        let popts = Self::device_plan_options(opts, &ctx)?;
         let in_place = popts.in_place;
         let plan = ExecPlan::new(&gguf, &cfg, ctx.max_binding(), &popts)?;
         log::info!("{}", plan.placement);

@@ -8,6 +8,7 @@ use crate::plan::perf::{
 impl Engine {
     /// How this engine reads.
     pub fn run_io(&self) -> RunIo {
+        let reader = self.io_.source().reader_options().unwrap_or_default();
         RunIo {
             mode: self
                 .io_
@@ -15,8 +16,8 @@ impl Engine {
                 .io_mode()
                 .map(|m| m.to_string())
                 .unwrap_or_else(|| "mmap".into()),
-            piece: 1 << 20,
-            threads: 4,
+            piece: reader.chunk as u64,
+            threads: reader.threads,
             dram: self.io_.cache.budget(),
             in_place: self.in_place,
         }

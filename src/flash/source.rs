@@ -87,6 +87,10 @@ pub trait WeightSource: ChunkSource {
     fn io_mode(&self) -> Option<super::IoMode> {
         None
     }
+    /// The flash reader's settings (mode, threads, piece size), if it reads through one.
+    fn reader_options(&self) -> Option<super::ReaderOptions> {
+        None
+    }
 }
 
 /// Cache key space of weight ranges (KV pages use others).
@@ -165,5 +169,8 @@ impl WeightSource for FlashSource {
     }
     fn io_mode(&self) -> Option<super::IoMode> {
         Some(self.file.mode())
+    }
+    fn reader_options(&self) -> Option<super::ReaderOptions> {
+        Some(self.file.options())
     }
 }

@@ -9,7 +9,9 @@
 //! - KV I/O K = the KV bytes the page hit-rate model says come from flash ÷ the flash rate,
 //!   + KV bytes brought to the device ÷ the upload rate;
 //! - the layer-ahead pipeline overlaps compute with I/O: T = max(C, W + K) + β · min(C, W + K),
-//!   where β (0: perfect overlap, 1: none) is measured by calibration from a streamed run.
+//!   where β (0: perfect overlap, 1: none) is measured by calibration from a streamed run;
+//!   reads go through the staging ring one slot at a time (pieces of at most a slot), and a
+//!   ring smaller than a layer holds reads back until the device frees its slots.
 //!
 //! Prefill of a prompt of n tokens in batches of b: each batch pays its compute (prefill kernel
 //! rates, per token) and, when weights stream, a full pass of weight I/O; TTFT adds one decode
@@ -22,7 +24,7 @@ use serde::{Deserialize, Serialize};
 
 use super::ExecPlan;
 use super::hitrate::{KvModelInput, KvPrediction, Policy, predict};
-use super::pipeline::{Stage, simulate};
+use super::pipeline::{Stage, simulate_ring};
 
 /// Constants measured on one machine and adapter.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -128,6 +130,9 @@ pub struct TokenWork {
     /// Layer slots streamed layers cycle through; reads go straight into them (no ring).
     pub slots: usize,
     pub in_place: bool,
+    /// The share of the largest streamed layer the staging ring holds, when below 1 (reads
+    /// beyond it wait for the device); None: a whole layer, or reads in place.
+    pub ring_share: Option<f64>,
 }
 
 /// What one step of a pass reads and runs.
@@ -175,7 +180,7 @@ pub fn predict_token(c: &Calibration, w: &TokenWork) -> Prediction {
     let (pipelined, overlapped) = if w.stages.is_empty() {
         (compute_s.max(io), compute_s.min(io))
     } else {
-        let p = simulate(&stages(c, w, flash, up), w.slots, w.in_place);
+        let p = simulate_ring(&stages(c, w, flash, up), w.slots, w.in_place, w.ring_share);
         (p.total_s, (p.serial_s - p.total_s).max(0.0))
     };
     // What overlap does not hide on this machine (calibrated).
@@ -325,6 +330,20 @@ pub struct RunIo {
     pub in_place: bool,
 }
 
+impl RunIo {
+    /// Piece size and readers of one flash read under a staging ring of `ring_chunk`-byte
+    /// slots: through the ring a read fills one slot at a time, split into pieces of at most
+    /// `piece` bytes over at most `threads` readers; read in place it fills a whole matrix part.
+    pub fn read_shape(&self, ring_chunk: u64) -> (u64, usize) {
+        if self.in_place {
+            return (self.piece.max(1), self.threads.max(1));
+        }
+        let piece = self.piece.min(ring_chunk).max(1);
+        let threads = self.threads.min(ring_chunk.div_ceil(piece) as usize).max(1);
+        (piece, threads)
+    }
+}
+
 /// What one decode step reads and runs under `plan` with `n_past` cached tokens.
 pub fn token_work(plan: &ExecPlan, n_past: usize, io: &RunIo, reuse: f64) -> TokenWork {
     let mut matmul_bytes: BTreeMap<String, u64> = BTreeMap::new();
@@ -374,6 +393,15 @@ pub fn token_work(plan: &ExecPlan, n_past: usize, io: &RunIo, reuse: f64) -> Tok
     };
     let attn_bytes = (attended * kv.kv_dim as f64 * 2.0 * elt as f64 * n_layers as f64) as u64;
     let streamed = streamed_weight_bytes(plan);
+    let (piece, threads) = io.read_shape(plan.ring_chunk);
+    let largest = plan
+        .streamed_layers()
+        .iter()
+        .map(|&l| plan.layers[l].files.iter().map(|t| t.n_bytes).sum::<u64>())
+        .max()
+        .unwrap_or(0);
+    let ring = plan.ring_slots as u64 * plan.ring_chunk;
+    let ring_share = (!io.in_place && ring < largest).then(|| ring as f64 / largest as f64);
     let p = kv_prediction(plan, n_past, io.dram, reuse);
     // The host cache keeps the first weight bytes it sees: flash reads are a share of them.
     let flash_share = if streamed > 0 {
@@ -430,12 +458,13 @@ pub fn token_work(plan: &ExecPlan, n_past: usize, io: &RunIo, reuse: f64) -> Tok
         weight_upload_bytes: if io.in_place { 0 } else { streamed },
         kv_flash_bytes: p.flash_bytes_per_token,
         kv_upload_bytes: p.kv_bytes_per_token,
-        piece: io.piece,
-        threads: io.threads,
+        piece,
+        threads,
         mode: io.mode.clone(),
         stages,
         slots: plan.placement.slots,
         in_place: io.in_place,
+        ring_share,
     }
 }
 

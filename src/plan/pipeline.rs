@@ -8,7 +8,9 @@
 //! then; read in place (no ring) it waits instead until the layer that last used its slot
 //! computed. The device runs copies and compute in one queue: a streamed layer's copy runs when
 //! its bytes are read and the device reaches it, then the layer computes. The output head reads
-//! its chunks through two chunk slots in the same way.
+//! its chunks through two chunk slots in the same way. A staging ring that holds only a share
+//! of a layer lets that share be read ahead; the rest waits for slots to come back, which they
+//! do once the device has run the compute queued before their copies.
 
 use serde::Serialize;
 
@@ -39,6 +41,18 @@ pub struct PassTime {
 /// Simulate a pass over `stages` with `slots` layer slots (`in_place`: reads go straight into
 /// the slots, no staging ring).
 pub fn simulate(stages: &[Stage], slots: usize, in_place: bool) -> PassTime {
+    simulate_ring(stages, slots, in_place, None)
+}
+
+/// [`simulate`] with a staging ring that holds `ring_share` (below 1) of a streamed layer
+/// (None: a whole layer or more; unused when reads go in place).
+pub fn simulate_ring(
+    stages: &[Stage],
+    slots: usize,
+    in_place: bool,
+    ring_share: Option<f64>,
+) -> PassTime {
+    let share = ring_share.filter(|_| !in_place).map(|s| s.clamp(0.0, 1.0));
     let pool_slots = [slots.max(1), 2];
     let mut gpu = 0.0f64;
     let mut io_free = 0.0f64;
@@ -63,7 +77,12 @@ pub fn simulate(stages: &[Stage], slots: usize, in_place: bool) -> PassTime {
                     last_copy
                 };
                 let start = io_free.max(queued).max(gate);
-                let done = start + r;
+                let done = match share {
+                    // What the ring holds is read at once; the rest once the device has run
+                    // what was queued before (the copies of the first part wait behind it).
+                    Some(s) if p == 0 => (start + r * s).max(gpu) + r * (1.0 - s),
+                    _ => start + r,
+                };
                 io_free = done;
                 arrived[p].push(done);
                 gpu = gpu.max(done) + u;
@@ -141,5 +160,16 @@ mod tests {
         // runs [8,9].
         let t = simulate(&[layer(2.0, 4.0, 1.0), head], 2, false);
         assert!((t.total_s - 9.0).abs() < 1e-12, "{t:?}");
+        // A ring holding a quarter of a layer, after a resident layer computing [0,10]: the
+        // streamed layer reads its first quarter [0,1], the rest once the device is done with
+        // the resident layer: [10,13]; copy [13,14], compute [14,16]. With a whole-layer ring
+        // the read ends at 4 and the layer computes [11,13].
+        let st = [layer(10.0, 0.0, 0.0), layer(2.0, 4.0, 1.0)];
+        let t = simulate_ring(&st, 2, false, Some(0.25));
+        assert!((t.total_s - 16.0).abs() < 1e-12, "{t:?}");
+        assert!((simulate(&st, 2, false).total_s - 13.0).abs() < 1e-12);
+        // Read in place, the ring does not carry weights.
+        let t = simulate_ring(&st, 2, true, Some(0.25));
+        assert!((t.total_s - 13.0).abs() < 1e-12, "{t:?}");
     }
 }
