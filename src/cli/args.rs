@@ -469,12 +469,13 @@ pub enum BenchKind {
         json: Option<PathBuf>,
     },
     /// Several tokens per streamed layer: 1, 2, 4 and 8 sequences decoded together under the S1
-    /// budget (flash bytes per token, aggregate tok/s, latency), and prompt-lookup drafts on a
-    /// prompt that repeats its input.
+    /// budget (flash bytes per token, aggregate tok/s, per-request latency, each sequence's ids
+    /// checked against decoding it alone), prompt-lookup drafts against plain decoding on a
+    /// prompt that repeats its input, and the goal lines. Exits non-zero when outputs differ.
     Batch {
         #[command(flatten)]
         model: ModelArgs,
-        /// Tokens decoded per sequence.
+        /// Tokens generated per sequence (at least 2: the first comes from the prefill).
         #[arg(short = 'n', long, default_value = "24", value_parser = parse_tokens)]
         n: usize,
         /// Repetitions (medians are reported).

@@ -147,12 +147,18 @@ pub fn bench(cli: &Cli, b: &BenchArgs) -> CliResult<()> {
             let path = resolve_model(&model.model)?;
             let m = load_model(&path)?;
             let base = engine_options(cli, model, m.cfg.n_layers)?;
-            let budget = model.gpu_budget.unwrap_or(16 << 20);
-            let report = crate::bench::batch::run(&m, &base, model.io_mode(), budget, *n, *runs)?;
+            let mut opts = crate::bench::batch::BatchBenchOptions::s1(model.io_mode(), *n, *runs);
+            if let Some(b) = model.gpu_budget {
+                opts.budget = b;
+            }
+            let report = crate::bench::batch::run(&m, &base, &opts)?;
             println!("{}", report.to_markdown());
             if let Some(j) = json {
                 std::fs::write(j, serde_json::to_string_pretty(&report)?)
                     .map_err(|e| format!("writing {}: {e}", j.display()))?;
+            }
+            if !report.outputs_unchanged() {
+                return Err("bench batch: outputs NOT EQUAL to decoding alone / plain decoding (see the table)".into());
             }
             Ok(())
         }

@@ -93,6 +93,8 @@ pub struct DraftStats {
     pub accepted: u64,
     /// Tokens produced per decode pass (accepted drafts plus the sampled token).
     pub tokens_per_pass: f64,
+    /// Every decode pass after the prefill, with or without a draft.
+    pub decode_passes: u64,
 }
 
 impl Engine {
@@ -188,6 +190,7 @@ impl Engine {
             token_ms.push(t.elapsed().as_secs_f64() * 1e3);
         }
         let decode_s = decode_start.elapsed().as_secs_f64();
+        ds.decode_passes = passes;
         ds.tokens_per_pass = if passes > 0 {
             (out.len() - 1) as f64 / passes as f64
         } else {
