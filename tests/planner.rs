@@ -44,6 +44,7 @@ fn calibration(direct_gb_s: f64, mmap_gb_s: f64) -> Calibration {
         dispatch_s: 20e-6,
         attn_gb_s: 1.0,
         overlap_beta: 0.3,
+        device: None,
     }
 }
 
@@ -110,6 +111,7 @@ fn planner_choices_fit_and_run_for_every_budget() {
         ..Default::default()
     };
     let prompt: Vec<u32> = (0..9).map(|i| (i * 211 + 5) % 2000).collect();
+    let gpu = common::gpu().unwrap();
     let mut resident = Engine::new(gguf.clone(), &base).unwrap();
     let want = greedy(&mut resident, &prompt);
     let all = resident.placement.total;
@@ -150,7 +152,8 @@ fn planner_choices_fit_and_run_for_every_budget() {
                 budget: Some(budget),
                 ..Default::default()
             };
-            let po = o.plan_options();
+            // Planned as the engine will plan on this device (its norms, its upload path).
+            let po = Engine::device_plan_options(&o, &gpu).unwrap();
             let c = choose(&gguf, &cfg, &po, 128 << 20, &cal, prompt.len(), &space, &io)
                 .unwrap_or_else(|| panic!("no plan for budget {budget}"));
             assert!(c.ms_per_token.is_finite() && c.ms_per_token > 0.0);
@@ -285,6 +288,7 @@ fn token_work_of_a_real_plan_matches_hand_numbers() {
         dispatch_s: 20e-6,
         attn_gb_s: 1.0,
         overlap_beta: 0.3,
+        device: None,
     };
     let p = predict_token(&cal, &w);
     // In µs: compute = 214336 bytes at 1 GB/s (214.336) + 18 dispatches (360) + 10240 KV
@@ -359,9 +363,14 @@ fn plan_prints_the_choice_run_makes() {
     std::fs::create_dir_all(&uncalibrated).unwrap();
     let home = dir.join("home");
     std::fs::create_dir_all(&home).unwrap();
+    // The calibration records the device, as `flashlm calibrate` does, so plan plans as run.
+    let cal = Calibration {
+        device: Some(Engine::device_facts(&common::gpu().unwrap()).unwrap()),
+        ..piecewise_calibration()
+    };
     std::fs::write(
         home.join("calibration.json"),
-        serde_json::to_string(&piecewise_calibration()).unwrap(),
+        serde_json::to_string(&cal).unwrap(),
     )
     .unwrap();
     let stats = dir.join("stats.json");

@@ -236,6 +236,7 @@ pub fn run(model: &LoadedModel, gpu: &GpuOptions) -> BenchResult<Calibration> {
         dispatch_s,
         attn_gb_s,
         overlap_beta: 0.0,
+        device: None,
     };
     let o = EngineOptions {
         gpu: gpu.clone(),
@@ -247,6 +248,7 @@ pub fn run(model: &LoadedModel, gpu: &GpuOptions) -> BenchResult<Calibration> {
     let file = FlashFile::open(&model.path, ReaderOptions::default())?;
     let mut e = Engine::with_source(model.gguf.clone(), Arc::new(FlashSource::new(file, 0)), &o)?;
     cal.adapter = e.ctx.info.name.clone();
+    cal.device = Some(Engine::device_facts(&e.ctx)?);
     let prompt: Vec<u32> = (0..16)
         .map(|i| (i * 7 + 1) % model.cfg.vocab_size as u32)
         .collect();

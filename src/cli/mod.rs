@@ -197,13 +197,7 @@ pub fn main_with(cli: Cli) -> CliResult<()> {
             prompt_tokens,
             n,
             max_binding,
-        }) => plan::plan_cmd(
-            &cli,
-            model,
-            *prompt_tokens,
-            *n,
-            max_binding.unwrap_or(plan::PLAN_MAX_BINDING),
-        ),
+        }) => plan::plan_cmd(&cli, model, *prompt_tokens, *n, *max_binding),
         Some(Command::SessionInfo { file, model }) => {
             let s = crate::kv::session::Session::open(file)?;
             println!("{}", s.info());

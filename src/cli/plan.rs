@@ -115,15 +115,16 @@ pub fn say_uncalibrated() {
 ///
 /// The decode step is predicted at a context of `prompt + n / 2` tokens (as `run` plans: the
 /// middle of its decode), at most the plan's context (`--ctx`); the time to first token for a
-/// prompt of `prompt` tokens. No device is opened, so `--upload auto` plans the staging path
-/// (what auto picks on discrete GPUs and CPU rasterizers); `--upload in-place` plans reads
-/// straight into the layer slots.
+/// prompt of `prompt` tokens. No device is opened: the calibration profile's record of the
+/// calibrated device gives its binding limit, what `--upload auto` does there and whether its
+/// products apply the layers' norms (a profile without that record: a 128 MiB limit, the staging
+/// path, separate norms); `--upload in-place` plans reads straight into the layer slots.
 pub fn plan_cmd(
     cli: &Cli,
     m: &ModelArgs,
     prompt: usize,
     n: usize,
-    max_binding: u64,
+    max_binding: Option<u64>,
 ) -> CliResult<()> {
     precheck(m)?;
     let path = resolve_model(&m.model)?;
@@ -132,6 +133,18 @@ pub fn plan_cmd(
     let mut po = opts.plan_options();
     po.in_place = m.upload == UploadMode::InPlace;
     let cal = calibration();
+    // The calibrated device's facts, where the profile has them: its binding limit, what
+    // `--upload auto` does there, whether its products apply the layers' norms.
+    let facts = cal.as_ref().and_then(|c| c.device);
+    if let Some(f) = facts {
+        po.fuse_norms = f.fuse_norms;
+        if m.upload == UploadMode::Auto {
+            po.in_place = f.auto_in_place;
+        }
+    }
+    let max_binding = max_binding
+        .or(facts.map(|f| f.max_binding))
+        .unwrap_or(PLAN_MAX_BINDING);
     let mut mode = m.io_mode();
     match &cal {
         Some(c) => {

@@ -62,6 +62,17 @@ impl Engine {
         Ok(popts)
     }
 
+    /// What the plan depends on about `ctx` (recorded in calibration profiles, so `flashlm
+    /// plan` plans as a run on this device would).
+    pub fn device_facts(ctx: &GpuContext) -> Result<crate::plan::perf::DeviceFacts, EngineError> {
+        let po = Self::device_plan_options(&EngineOptions::default(), ctx)?;
+        Ok(crate::plan::perf::DeviceFacts {
+            max_binding: ctx.max_binding(),
+            auto_in_place: po.in_place,
+            fuse_norms: po.fuse_norms,
+        })
+    }
+
     /// As [`Engine::with_source`], on a device already open.
     pub fn with_context(
         gguf: Arc<GgufFile>,

@@ -44,6 +44,21 @@ pub struct Calibration {
     pub attn_gb_s: f64,
     /// Overlap of compute and I/O in the pipeline (0 perfect, 1 none).
     pub overlap_beta: f64,
+    /// What the calibrated device does that changes the plan (None in profiles from before
+    /// it was recorded): `flashlm plan` then plans as `run` would on it.
+    #[serde(default)]
+    pub device: Option<DeviceFacts>,
+}
+
+/// Facts of the calibrated device that the plan depends on.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+pub struct DeviceFacts {
+    /// Largest storage binding, bytes.
+    pub max_binding: u64,
+    /// `--upload auto` writes streamed weights in place into mappable slots.
+    pub auto_in_place: bool,
+    /// The matrix kernels apply the layers' RMSNorms themselves.
+    pub fuse_norms: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -495,6 +510,7 @@ mod tests {
             dispatch_s: 20e-6,
             attn_gb_s: 4.0,
             overlap_beta: 0.25,
+            device: None,
         }
     }
 
