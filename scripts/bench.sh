@@ -5,6 +5,10 @@
 #   scripts/bench.sh                 # every benchmark (about an hour on a 2-core VM)
 #   scripts/bench.sh kv stream       # only these, reusing the other tables' last output
 #   scripts/bench.sh summary         # the predicted-vs-measured table from bench-out/*.json
+# `calibrate` (first in the full list) measures this machine's constants for the predictions.
+# Two side-by-side tables run only when asked, with what they compare against:
+#   OLD_FLASHLM=/path/to/older/flashlm scripts/bench.sh compare   # two builds, resident speed
+#   LLAMA_BENCH=/path/to/llama-bench LLAMA_COMMIT=<hash> scripts/bench.sh llamacpp
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup-gpu.sh
@@ -13,7 +17,7 @@ cargo build --release
 mkdir -p bench-out
 B=./target/release/flashlm
 want=("$@")
-[ ${#want[@]} -eq 0 ] && want=(resident io stream kv types s3 batch summary)
+[ ${#want[@]} -eq 0 ] && want=(calibrate resident io stream kv types s3 batch summary)
 machine() {
   echo "Machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo) RAM, $(uname -m); $($B --list-adapters 2>/dev/null | head -1); $(date -u +%Y-%m-%d)"
 }
@@ -27,7 +31,10 @@ for w in "${want[@]}"; do
     s3)       cmd=($B bench s3 --runs 3 -n 8 --json bench-out/s3.json) ;;
     batch)    cmd=($B bench batch --io direct --runs 3 -n 16 --json bench-out/batch.json) ;;
     summary)  cmd=($B bench summary --dir bench-out --json bench-out/summary.json) ;;
-    *) echo "unknown benchmark $w (resident, io, stream, kv, types, s3, batch, summary)" >&2; exit 2 ;;
+    calibrate) cmd=($B calibrate) ;;
+    compare)  cmd=(scripts/compare-decode.sh "${OLD_FLASHLM:?set OLD_FLASHLM to the older binary}" "$B" 7) ;;
+    llamacpp) cmd=(scripts/compare-llamacpp.sh "${LLAMA_BENCH:?set LLAMA_BENCH to llama-bench}" 3) ;;
+    *) echo "unknown benchmark $w (calibrate, resident, io, stream, kv, types, s3, batch, summary, compare, llamacpp)" >&2; exit 2 ;;
   esac
   echo "## $w: ${cmd[*]}" >&2
   {

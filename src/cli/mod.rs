@@ -188,7 +188,7 @@ pub fn main_with(cli: Cli) -> CliResult<()> {
             let cal = crate::bench::calibrate::run(&m, &gpu)?;
             let p = Calibration::path();
             cal.save(&p)?;
-            println!("{}", serde_json::to_string_pretty(&cal)?);
+            println!("{}", cal.to_markdown());
             eprintln!("saved to {}", p.display());
             Ok(())
         }

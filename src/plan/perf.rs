@@ -81,6 +81,60 @@ impl Calibration {
         serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
     }
 
+    /// The profile as a markdown table: the fastest cold read of each mode (with its piece size
+    /// and threads), and every other constant.
+    pub fn to_markdown(&self) -> String {
+        let mut s = format!(
+            "adapter {}\n\n| constant | value |\n|---|---|\n",
+            self.adapter
+        );
+        for mode in ["direct", "mmap"] {
+            if let Some(best) = self
+                .flash
+                .iter()
+                .filter(|r| r.mode == mode)
+                .max_by(|a, b| a.gb_s.total_cmp(&b.gb_s))
+            {
+                s.push_str(&format!(
+                    "| cold read, {mode}, fastest setting | {:.3} GB/s ({} KiB pieces, {} threads; {} settings measured) |\n",
+                    best.gb_s,
+                    best.piece / 1024,
+                    best.threads,
+                    self.flash.iter().filter(|r| r.mode == mode).count()
+                ));
+            }
+        }
+        s.push_str(&format!(
+            "| staging to device copy | {:.3} GB/s |\n",
+            self.upload_gb_s
+        ));
+        for (ty, v) in &self.matvec_gb_s {
+            s.push_str(&format!(
+                "| decode product, {ty} | {v:.3} GB/s of weights |\n"
+            ));
+        }
+        for (ty, v) in &self.prefill_gb_s {
+            s.push_str(&format!(
+                "| prefill product, {ty} | {v:.3} GB/s of weights × tokens |\n"
+            ));
+        }
+        s.push_str(&format!(
+            "| dispatch | {:.1} µs each |\n| attention | {:.3} GB/s of KV |\n| unhidden share of the overlap (β) | {:.2} |\n",
+            self.dispatch_s * 1e6,
+            self.attn_gb_s,
+            self.overlap_beta
+        ));
+        if let Some(d) = self.device {
+            s.push_str(&format!(
+                "| device | bindings up to {} MiB; --upload auto: {}; norms applied by the products: {} |\n",
+                d.max_binding >> 20,
+                if d.auto_in_place { "in place" } else { "staging ring" },
+                if d.fuse_norms { "yes" } else { "no" }
+            ));
+        }
+        s
+    }
+
     pub fn save(&self, path: &Path) -> Result<(), String> {
         if let Some(d) = path.parent() {
             std::fs::create_dir_all(d).map_err(|e| e.to_string())?;
