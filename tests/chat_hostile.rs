@@ -165,3 +165,29 @@ fn real_conversations_stay_within_budget() {
         "ok"
     );
 }
+
+/// Values nested as deep as the fuel lets a template build them (a list in a list, 20 000
+/// deep) print, compare and serialize quickly or fail with a typed error; the filter whose
+/// output grows with the square of the depth (`pprint`) does not exist. (`tojson(indent=N)`
+/// also grows with the square of the depth: only the sandbox bounds it, see chat_sandbox.rs.)
+#[test]
+fn deeply_nested_values_stay_cheap() {
+    let deep = "{% set ns = namespace(x=[]) %}{% for i in range(20000) %}{% set ns.x = [ns.x] %}{% endfor %}";
+    for expr in [
+        "ns.x",
+        "ns.x|tojson",
+        "ns.x|string|length",
+        "ns.x == ns.x",
+        "ns.x < ns.x",
+        "[ns.x]|unique|length",
+        "ns.x|indent(4)",
+    ] {
+        let src = format!("{deep}{{{{ {expr} }}}}");
+        match render(&src) {
+            Ok(_) | Err(ChatError::OutOfFuel { .. }) => {}
+            Err(e) => panic!("{expr}: {e}"),
+        }
+    }
+    let err = render(&format!("{deep}{{{{ ns.x|pprint }}}}")).unwrap_err();
+    assert!(err.to_string().contains("pprint"), "{err}");
+}

@@ -7,7 +7,10 @@
 use flashlm::model::chat::{ChatMessage, ChatTemplate};
 use libfuzzer_sys::fuzz_target;
 
+mod common;
+
 fuzz_target!(|data: &[u8]| {
+    common::alt_stack();
     let Some((&flags, rest)) = data.split_first() else {
         return;
     };

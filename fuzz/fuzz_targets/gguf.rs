@@ -8,7 +8,10 @@ use flashlm::model::config::ModelConfig;
 use flashlm::model::tokenizer::Tokenizer;
 use libfuzzer_sys::fuzz_target;
 
+mod common;
+
 fuzz_target!(|data: &[u8]| {
+    common::alt_stack();
     let Ok(f) = GgufFile::from_bytes(data.to_vec()) else {
         return;
     };

@@ -8,6 +8,8 @@
 use flashlm::kv::session::{Session, SessionIdentity};
 use libfuzzer_sys::fuzz_target;
 
+mod common;
+
 const HEADER: usize = 128;
 
 fn u32_at(b: &[u8], at: usize) -> u32 {
@@ -64,6 +66,7 @@ fn scratch_dir() -> std::path::PathBuf {
 }
 
 fuzz_target!(|data: &[u8]| {
+    common::alt_stack();
     let Some((&flags, rest)) = data.split_first() else {
         return;
     };

@@ -11,6 +11,8 @@ use flashlm::flash::IoMode;
 use flashlm::kv::store::{KvLayout, KvStore};
 use libfuzzer_sys::fuzz_target;
 
+mod common;
+
 const LAYOUT: KvLayout = KvLayout {
     n_layers: 2,
     page_tokens: 4,
@@ -51,6 +53,7 @@ fn fixture() -> &'static Mutex<Fixture> {
 }
 
 fuzz_target!(|data: &[u8]| {
+    common::alt_stack();
     let f = fixture().lock().unwrap_or_else(|e| e.into_inner());
     let file = std::fs::OpenOptions::new()
         .write(true)

@@ -12,6 +12,8 @@ use flashlm::model::synthetic::{SyntheticSpec, synthetic_llama};
 use flashlm::model::tokenizer::{Tokenizer, TokenizerData};
 use libfuzzer_sys::fuzz_target;
 
+mod common;
+
 fn spm() -> Tokenizer {
     let mut tokens: Vec<String> = vec!["<unk>".into(), "<s>".into(), "</s>".into()];
     let mut types = vec![2i64, 3, 3];
@@ -66,6 +68,7 @@ fn tokenizers() -> &'static [Tokenizer] {
 }
 
 fuzz_target!(|data: &[u8]| {
+    common::alt_stack();
     let Some((&sel, rest)) = data.split_first() else {
         return;
     };

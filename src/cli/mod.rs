@@ -157,6 +157,19 @@ pub fn start_engine(
     Ok(engine)
 }
 
+/// `template` rendering in a child process with memory and time limits (a template comes from
+/// the model file: see model::chat::sandbox); in this process, with a warning, when this
+/// program cannot be found.
+fn sandboxed(template: ChatTemplate) -> ChatTemplate {
+    match crate::model::chat::Sandbox::current_exe() {
+        Ok(sandbox) => template.with_sandbox(sandbox),
+        Err(e) => {
+            log::warn!("{e}; chat templates render in this process");
+            template
+        }
+    }
+}
+
 pub fn main_with(cli: Cli) -> CliResult<()> {
     if cli.list_adapters {
         let list = crate::gpu::list_adapters(&cli.backend)?;

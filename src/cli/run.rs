@@ -293,7 +293,7 @@ pub fn chat(cli: &Cli, a: &ChatArgs) -> CliResult<()> {
     precheck(&a.model)?;
     let path = resolve_model(&a.model.model)?;
     let m = load_model(&path)?;
-    let template = ChatTemplate::from_gguf(&m.gguf)?;
+    let template = super::sandboxed(ChatTemplate::from_gguf(&m.gguf)?);
     let opts = engine_options(cli, &a.model, m.cfg.n_layers)?;
     let mut engine = start_engine(cli, &a.model, &m, opts, 256)?;
     let mut sampler = Sampler::new(a.sample.params());

@@ -15,7 +15,7 @@ fn load(cli: &Cli, a: &ServeArgs) -> CliResult<ServedModel> {
     let path = resolve_model(&a.model.model)?;
     let m = Arc::new(load_model(&path)?);
     let template = match ChatTemplate::from_gguf(&m.gguf) {
-        Ok(t) => Some(t),
+        Ok(t) => Some(super::sandboxed(t)),
         Err(e) => {
             eprintln!("no chat template ({e}): /v1/chat/completions is off");
             None

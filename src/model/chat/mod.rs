@@ -12,18 +12,28 @@
 //! - each render has a fuel budget ([`render_fuel`]) that bounds both the instructions run and
 //!   the bytes created (loops, string repetition, concatenation, `replace`, ...), and a
 //!   recursion limit ([`RECURSION_LIMIT`]); going past either fails with a typed error;
-//! - the template source is at most [`MAX_TEMPLATE_BYTES`].
+//! - the template source is at most [`MAX_TEMPLATE_BYTES`];
+//! - fuel is charged per instruction, so one filter applied to a value built cheaply (a list
+//!   holding itself twice, doubled thirty times, printed or serialized) can still take
+//!   unbounded time and memory: `flashlm chat` and `serve` therefore render in a [`Sandbox`],
+//!   a child process with a memory limit and a deadline.
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use minijinja::syntax::SyntaxConfig;
-use minijinja::value::{Value, ValueKind};
-use minijinja::{Environment, Error, ErrorKind, State};
+use minijinja::value::Value;
+use minijinja::{Environment, Error, ErrorKind};
 use thiserror::Error;
 
 use crate::gguf::{GgufError, GgufFile};
+
+mod methods;
+pub mod sandbox;
+
+use methods::{python_method, raise_exception};
+pub use sandbox::Sandbox;
 
 /// ChatML, used when a model has no `tokenizer.chat_template`.
 pub const CHATML_TEMPLATE: &str = "{% for message in messages %}\
@@ -44,8 +54,22 @@ pub const BASE_FUEL: u64 = 200_000;
 /// copy its input this many times.
 pub const FUEL_PER_INPUT_BLOCK: u64 = 32;
 
+/// The most fuel any render gets, whatever its input (about 2 MB of messages reach it; no
+/// context holds that much text). It also bounds how deeply a template can nest the values it
+/// builds (about one level per fuel at best), and so the stack their printing, comparing and
+/// freeing need: see [`RENDER_STACK`].
+pub const MAX_FUEL: u64 = 500_000;
+
+/// Stack of the thread each render runs on. minijinja prints, serializes, compares and frees
+/// nested values recursively, a few hundred bytes of stack per level: a list nested 80 000
+/// deep (cheap to build in a loop) needed up to 32 MiB, past the 2 MiB of a test or server
+/// thread and the 8 MiB of a main thread, where it overflowed the stack and aborted the
+/// process. [`MAX_FUEL`] bounds the depth to about 350 000 levels; this reserves room for them
+/// (address space only: pages are touched only as deep as a render goes).
+pub const RENDER_STACK: usize = 256 << 20;
+
 /// The fuel a render of `messages` gets: [`BASE_FUEL`] plus [`FUEL_PER_INPUT_BLOCK`] per 64
-/// bytes of input.
+/// bytes of input, at most [`MAX_FUEL`].
 pub fn render_fuel(messages: &[ChatMessage], bos_token: &str, eos_token: &str) -> u64 {
     let bytes = messages
         .iter()
@@ -54,7 +78,9 @@ pub fn render_fuel(messages: &[ChatMessage], bos_token: &str, eos_token: &str) -
             bos_token.len() as u64 + eos_token.len() as u64,
             u64::saturating_add,
         );
-    BASE_FUEL.saturating_add((bytes / 64 + 1).saturating_mul(FUEL_PER_INPUT_BLOCK))
+    BASE_FUEL
+        .saturating_add((bytes / 64 + 1).saturating_mul(FUEL_PER_INPUT_BLOCK))
+        .min(MAX_FUEL)
 }
 
 /// Everything that can go wrong while preparing or rendering a chat prompt.
@@ -74,6 +100,17 @@ pub enum ChatError {
     OutOfFuel { fuel: u64 },
     #[error("the chat template nests deeper than {limit} levels")]
     TooDeep { limit: usize },
+    #[error("rendering the chat template: {0}")]
+    Thread(String),
+    /// The render ran in a [`Sandbox`] and went past its memory or time limit.
+    #[error("the chat template render was stopped: {0}")]
+    Limit(String),
+    /// The render ran in a [`Sandbox`] and failed there (the message is the child's).
+    #[error("{0}")]
+    Sandboxed(String),
+    /// The [`Sandbox`] process could not be run, or answered nonsense.
+    #[error("the chat template sandbox failed: {0}")]
+    Sandbox(String),
 }
 
 /// One message of a conversation.
@@ -109,6 +146,8 @@ pub struct ChatTemplate {
     source: String,
     bos_token: String,
     eos_token: String,
+    /// Where renders run: in this process when `None`.
+    sandbox: Option<Arc<Sandbox>>,
 }
 
 impl fmt::Debug for ChatTemplate {
@@ -136,6 +175,10 @@ impl ChatTemplate {
             });
         }
         let mut env = Environment::new();
+        // `pprint` builds its whole (indented, so quadratic in the nesting depth) text without
+        // paying fuel: a value nested 20 000 deep, cheap to build, took minutes. Chat templates
+        // have no use for a debugging printer.
+        env.remove_filter("pprint");
         env.set_recursion_limit(RECURSION_LIMIT);
         env.set_fuel(Some(BASE_FUEL));
         let syntax = SyntaxConfig::builder()
@@ -153,6 +196,7 @@ impl ChatTemplate {
             source,
             bos_token: bos_token.into(),
             eos_token: eos_token.into(),
+            sandbox: None,
         })
     }
 
@@ -199,9 +243,30 @@ impl ChatTemplate {
         &self.eos_token
     }
 
-    /// Renders a conversation. With `add_generation_prompt`, the prompt ends with the opening
-    /// of an assistant turn.
+    /// Renders every conversation in `sandbox`, a child process with memory and time limits,
+    /// instead of in this process.
+    pub fn with_sandbox(mut self, sandbox: Sandbox) -> Self {
+        self.sandbox = Some(Arc::new(sandbox));
+        self
+    }
+
+    /// Renders a conversation (in the sandbox when one is set). With `add_generation_prompt`,
+    /// the prompt ends with the opening of an assistant turn.
     pub fn render(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, ChatError> {
+        match &self.sandbox {
+            Some(sandbox) => sandbox.render(self, messages, add_generation_prompt),
+            None => self.render_here(messages, add_generation_prompt),
+        }
+    }
+
+    /// Renders a conversation in this process, whatever the sandbox setting: fuel and the
+    /// recursion limit bound it, but neither bounds the memory or time of one filter applied
+    /// to a value a template built cheaply (see [`Sandbox`]).
+    pub fn render_here(
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
@@ -223,10 +288,23 @@ impl ChatTemplate {
         ctx.insert("eos_token", Value::from(self.eos_token.as_str()));
         let mut env = self.env.lock().unwrap_or_else(|e| e.into_inner());
         env.set_fuel(Some(fuel));
-        let template = env.get_template(TEMPLATE_NAME).map_err(ChatError::Render)?;
-        template
-            .render(Value::from(ctx))
-            .map_err(|e| render_error(e, fuel))
+        let env = &*env;
+        // On a thread of its own with a large stack (see RENDER_STACK); every value the render
+        // builds is also freed there.
+        std::thread::scope(|scope| {
+            std::thread::Builder::new()
+                .name("chat template".into())
+                .stack_size(RENDER_STACK)
+                .spawn_scoped(scope, move || {
+                    let template = env.get_template(TEMPLATE_NAME).map_err(ChatError::Render)?;
+                    template
+                        .render(Value::from(ctx))
+                        .map_err(|e| render_error(e, fuel))
+                })
+                .map_err(|e| ChatError::Thread(e.to_string()))?
+                .join()
+                .unwrap_or_else(|_| Err(ChatError::Thread("the render panicked".into())))
+        })
     }
 }
 
@@ -249,216 +327,6 @@ fn render_error(e: Error, fuel: u64) -> ChatError {
         cause = c.source();
     }
     ChatError::Render(e)
-}
-
-/// Charges the render for about `bytes` bytes it is about to create.
-fn charge(state: &State, bytes: usize) -> Result<(), Error> {
-    state.consume_fuel((bytes / 64) as u64 + 1)
-}
-
-/// `raise_exception(message)`: templates call it to reject a conversation.
-fn raise_exception(message: String) -> Result<Value, Error> {
-    Err(Error::new(
-        ErrorKind::InvalidOperation,
-        format!("template raised an exception: {message}"),
-    ))
-}
-
-fn arg_str(args: &[Value], i: usize) -> Option<&str> {
-    args.get(i).and_then(Value::as_str)
-}
-
-fn wrong_args(method: &str) -> Error {
-    Error::new(
-        ErrorKind::InvalidOperation,
-        format!("wrong arguments to .{method}()"),
-    )
-}
-
-/// Python methods that chat templates call on strings and dicts.
-fn python_method(
-    state: &mut State,
-    value: &Value,
-    method: &str,
-    args: &[Value],
-) -> Result<Value, Error> {
-    if let Some(s) = value.as_str() {
-        return string_method(state, s, method, args);
-    }
-    if value.kind() == ValueKind::Map {
-        return map_method(value, method, args);
-    }
-    Err(Error::from(ErrorKind::UnknownMethod))
-}
-
-/// String methods. Those whose result can be much larger than their inputs (`replace`,
-/// `split`, `join`) pay for it before building it.
-fn string_method(state: &State, s: &str, method: &str, args: &[Value]) -> Result<Value, Error> {
-    let strip_chars = |args: &[Value]| -> Option<Vec<char>> {
-        arg_str(args, 0).map(|c| c.chars().collect::<Vec<char>>())
-    };
-    let prefix_test = |args: &[Value], f: &dyn Fn(&str) -> bool| -> Result<Value, Error> {
-        let Some(arg) = args.first() else {
-            return Err(wrong_args(method));
-        };
-        if let Some(p) = arg.as_str() {
-            return Ok(Value::from(f(p)));
-        }
-        // A tuple or list of alternatives.
-        for item in arg.try_iter()? {
-            if item.as_str().is_some_and(f) {
-                return Ok(Value::from(true));
-            }
-        }
-        Ok(Value::from(false))
-    };
-    Ok(match method {
-        "strip" => Value::from(match strip_chars(args) {
-            Some(c) => s.trim_matches(&c[..]),
-            None => s.trim(),
-        }),
-        "lstrip" => Value::from(match strip_chars(args) {
-            Some(c) => s.trim_start_matches(&c[..]),
-            None => s.trim_start(),
-        }),
-        "rstrip" => Value::from(match strip_chars(args) {
-            Some(c) => s.trim_end_matches(&c[..]),
-            None => s.trim_end(),
-        }),
-        "startswith" => return prefix_test(args, &|p| s.starts_with(p)),
-        "endswith" => return prefix_test(args, &|p| s.ends_with(p)),
-        "upper" => Value::from(s.to_uppercase()),
-        "lower" => Value::from(s.to_lowercase()),
-        "capitalize" => {
-            let mut chars = s.chars();
-            Value::from(match chars.next() {
-                Some(first) => first
-                    .to_uppercase()
-                    .chain(chars.flat_map(char::to_lowercase))
-                    .collect(),
-                None => String::new(),
-            })
-        }
-        "title" => {
-            let mut out = String::with_capacity(s.len());
-            let mut prev_cased = false;
-            for c in s.chars() {
-                if prev_cased {
-                    out.extend(c.to_lowercase());
-                } else {
-                    out.extend(c.to_uppercase());
-                }
-                prev_cased = c.is_alphabetic();
-            }
-            Value::from(out)
-        }
-        "replace" => {
-            let (Some(old), Some(new)) = (arg_str(args, 0), arg_str(args, 1)) else {
-                return Err(wrong_args(method));
-            };
-            let limit = match args.get(2).and_then(|v| i64::try_from(v.clone()).ok()) {
-                Some(n) if n >= 0 => usize::try_from(n).unwrap_or(usize::MAX),
-                _ => usize::MAX,
-            };
-            // An empty pattern matches before every character and at the end.
-            let matches = if old.is_empty() {
-                s.chars().count().saturating_add(1)
-            } else {
-                s.matches(old).count()
-            }
-            .min(limit);
-            charge(
-                state,
-                s.len().saturating_add(matches.saturating_mul(new.len())),
-            )?;
-            Value::from(s.replacen(old, new, limit))
-        }
-        "split" => {
-            let sep = arg_str(args, 0);
-            let n = match sep {
-                Some("") => return Err(wrong_args(method)),
-                Some(sep) => s.matches(sep).count().saturating_add(1),
-                None => s.split_whitespace().count(),
-            };
-            charge(
-                state,
-                s.len()
-                    .saturating_add(n.saturating_mul(std::mem::size_of::<Value>())),
-            )?;
-            let parts: Vec<Value> = match sep {
-                Some(sep) => s.split(sep).map(Value::from).collect(),
-                None => s.split_whitespace().map(Value::from).collect(),
-            };
-            Value::from(parts)
-        }
-        "join" => {
-            let Some(items) = args.first() else {
-                return Err(wrong_args(method));
-            };
-            let mut out = String::new();
-            for (i, v) in items.try_iter()?.enumerate() {
-                let part = v.to_string();
-                let sep = if i > 0 { s } else { "" };
-                charge(state, sep.len().saturating_add(part.len()))?;
-                out.push_str(sep);
-                out.push_str(&part);
-            }
-            Value::from(out)
-        }
-        "find" => {
-            let Some(needle) = arg_str(args, 0) else {
-                return Err(wrong_args(method));
-            };
-            Value::from(match s.find(needle) {
-                Some(byte) => s[..byte].chars().count() as i64,
-                None => -1,
-            })
-        }
-        "count" => {
-            let Some(needle) = arg_str(args, 0) else {
-                return Err(wrong_args(method));
-            };
-            if needle.is_empty() {
-                Value::from(s.chars().count() + 1)
-            } else {
-                Value::from(s.matches(needle).count())
-            }
-        }
-        _ => return Err(Error::from(ErrorKind::UnknownMethod)),
-    })
-}
-
-fn map_method(map: &Value, method: &str, args: &[Value]) -> Result<Value, Error> {
-    Ok(match method {
-        "items" => {
-            let mut pairs = Vec::new();
-            for key in map.try_iter()? {
-                let v = map.get_item(&key)?;
-                pairs.push(Value::from(vec![key, v]));
-            }
-            Value::from(pairs)
-        }
-        "keys" => Value::from(map.try_iter()?.collect::<Vec<Value>>()),
-        "values" => {
-            let mut values = Vec::new();
-            for key in map.try_iter()? {
-                values.push(map.get_item(&key)?);
-            }
-            Value::from(values)
-        }
-        "get" => {
-            let Some(key) = args.first() else {
-                return Err(wrong_args(method));
-            };
-            let v = map.get_item(key)?;
-            if v.is_undefined() {
-                args.get(1).cloned().unwrap_or(Value::from(()))
-            } else {
-                v
-            }
-        }
-        _ => return Err(Error::from(ErrorKind::UnknownMethod)),
-    })
 }
 
 #[cfg(test)]
