@@ -6,6 +6,8 @@
 #   scripts/bench.sh kv stream       # only these, reusing the other tables' last output
 #   scripts/bench.sh summary         # the predicted-vs-measured table from bench-out/*.json
 # `calibrate` (first in the full list) measures this machine's constants for the predictions.
+# KV_FLAGS adds flags to `bench kv` (its defaults are the 4,096-token S2; a slow adapter may need
+# e.g. KV_FLAGS="--prompt-tokens 1024 -n 64"); the table names the command as run.
 # Two side-by-side tables run only when asked, with what they compare against:
 #   OLD_FLASHLM=/path/to/older/flashlm scripts/bench.sh compare   # two builds, resident speed
 #   LLAMA_BENCH=/path/to/llama-bench LLAMA_COMMIT=<hash> scripts/bench.sh llamacpp
@@ -26,7 +28,7 @@ for w in "${want[@]}"; do
     resident) cmd=($B bench resident --runs 5 --json bench-out/resident.json) ;;
     io)       cmd=($B bench io --bytes 64MiB --json bench-out/io.json --plot bench-out/io.svg) ;;
     stream)   cmd=($B bench stream --io direct --runs 3 --json bench-out/stream.json) ;;
-    kv)       cmd=($B bench kv --io direct --runs 3 --json bench-out/kv.json) ;;
+    kv)       cmd=($B bench kv --io direct --runs 3 ${KV_FLAGS:-} --json bench-out/kv.json) ;;
     types)    cmd=($B bench types --runs 3 --json bench-out/types.json) ;;
     s3)       cmd=($B bench s3 --runs 3 -n 8 --json bench-out/s3.json) ;;
     batch)    cmd=($B bench batch --io direct --runs 3 -n 16 --json bench-out/batch.json) ;;

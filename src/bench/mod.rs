@@ -143,7 +143,7 @@ pub fn resident(
             ttft.push(s.ttft_ms);
             ms.push(s.ms_per_token);
             if let Some(c) = &cal {
-                pred.push(engine.predict(c, prompt.len(), s.selection_reuse));
+                pred.push(engine.predict(c, 0, prompt.len(), s.selection_reuse));
             }
             generated = s.generated_tokens;
         }
@@ -405,7 +405,7 @@ pub fn stream(
             let mut ms = s.token_ms.clone();
             let med = median(&mut ms);
             let pred = cal.as_ref().map(|c| {
-                let (p, ttft) = engine.predict(c, prompt.len(), s.selection_reuse);
+                let (p, ttft) = engine.predict(c, 0, prompt.len(), s.selection_reuse);
                 (p.ms_per_token, ttft)
             });
             eprintln!(

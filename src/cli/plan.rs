@@ -198,7 +198,7 @@ pub fn plan_cmd(
     let at = (prompt + n / 2).min(plan.max_ctx);
     let w = token_work(&plan, at, &run_io(m, mode, po.in_place), 0.5);
     let p = predict_token(&cal, &w);
-    let ttft = predict_prefill(&cal, &w, prompt, plan.ubatch) + p.ms_per_token;
+    let ttft = predict_prefill(&cal, &w, 0, prompt, plan.ubatch);
     println!(
         "predicted (calibration of {}), decode at a context of {at} tokens (--prompt-tokens + -n/2): {:.1} ms/token = compute {:.1} ms, weight I/O {:.1} ms, KV I/O {:.1} ms (overlap beta {:.2}); TTFT for {prompt} tokens {:.0} ms",
         cal.adapter,

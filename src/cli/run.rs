@@ -163,7 +163,7 @@ pub fn run(cli: &Cli, a: &RunArgs) -> CliResult<()> {
     }
     let ttft_ms = stats.ttft_ms + load_ms;
     let predicted = super::calibration().map(|cal| {
-        let (p, ttft) = engine.predict(&cal, prompt_ids.len() - reused, stats.selection_reuse);
+        let (p, ttft) = engine.predict(&cal, reused, prompt_ids.len() - reused, stats.selection_reuse);
         eprintln!(
             "predicted: {:.1} ms/token (compute {:.1}, weight I/O {:.1}, KV I/O {:.1}), TTFT {:.0} ms | measured: {:.1} ms/token, TTFT {:.0} ms",
             p.ms_per_token,

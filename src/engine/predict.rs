@@ -30,11 +30,17 @@ impl Engine {
     }
 
     /// Predicted ms per decoded token (at the current context) and time to first token for a
-    /// prompt of `prompt` tokens.
-    pub fn predict(&self, cal: &Calibration, prompt: usize, reuse: f64) -> (Prediction, f64) {
+    /// prompt of `prompt` tokens prefilled after `past` cached ones (a resumed session's).
+    pub fn predict(
+        &self,
+        cal: &Calibration,
+        past: usize,
+        prompt: usize,
+        reuse: f64,
+    ) -> (Prediction, f64) {
         let w = self.token_work(reuse);
         let tok = predict_token(cal, &w);
-        let ttft = predict_prefill(cal, &w, prompt, self.ubatch) + tok.ms_per_token;
+        let ttft = predict_prefill(cal, &w, past, prompt, self.ubatch);
         (tok, ttft)
     }
 }

@@ -202,6 +202,20 @@ pub struct TokenWork {
     /// The share of the largest streamed layer the staging ring holds, when below 1 (reads
     /// beyond it wait for the device); None: a whole layer, or reads in place.
     pub ring_share: Option<f64>,
+    /// The output head's part of the above (a prefill runs it once, for its last token).
+    pub head: HeadWork,
+    /// K and V bytes of one cached token over all layers: a prefilled row's attention reads
+    /// this much per token before it.
+    pub kv_bytes_per_key: u64,
+}
+
+/// The output head's matrix: its type, its bytes, and the bytes of it that stream (0 when
+/// resident; included in [`TokenWork::weight_upload_bytes`]).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct HeadWork {
+    pub ty: String,
+    pub bytes: u64,
+    pub streamed_bytes: u64,
 }
 
 /// What one step of a pass reads and runs.
@@ -288,26 +302,60 @@ fn stages(c: &Calibration, w: &TokenWork, flash: f64, up: f64) -> Vec<Stage> {
         .collect()
 }
 
-/// Milliseconds of prefill for `n` tokens in batches of `batch`: each batch computes its tokens
-/// at the prefill rates and, when weights stream, pays the weight I/O of a pass.
-pub fn predict_prefill(c: &Calibration, w: &TokenWork, n: usize, batch: usize) -> f64 {
+/// Milliseconds of prefill for `n` tokens after `past` cached ones, in batches of `batch` (the
+/// time to first token: the last batch's logits give the first generated token). Each batch
+/// computes its tokens through the layers at the prefill rates, each row's attention over the
+/// tokens before it at the attention rate, and, when weights stream, pays the layers' weight
+/// I/O; the output head runs once, for the last token (at the decode rate), and streams only
+/// then. (KV pages read back during a long prefill are not counted.)
+pub fn predict_prefill(c: &Calibration, w: &TokenWork, past: usize, n: usize, batch: usize) -> f64 {
     let batches = n.div_ceil(batch.max(1)).max(1);
     let per_token_compute = w
         .matmul_bytes
         .iter()
-        .map(|(ty, &b)| b as f64 / (Calibration::rate(&c.prefill_gb_s, ty) * 1e9))
+        .map(|(ty, &b)| {
+            let b = if *ty == w.head.ty {
+                b.saturating_sub(w.head.bytes)
+            } else {
+                b
+            };
+            b as f64 / (Calibration::rate(&c.prefill_gb_s, ty) * 1e9)
+        })
         .sum::<f64>();
+    let head_compute = if w.head.bytes > 0 {
+        w.head.bytes as f64 / (Calibration::rate(&c.matvec_gb_s, &w.head.ty) * 1e9)
+    } else {
+        0.0
+    };
     let flash = c.flash_gb_s(&w.mode, w.piece, w.threads).max(1e-6) * 1e9;
     let up = c.upload_gb_s.max(1e-6) * 1e9;
-    let io_pass = w.weight_flash_bytes as f64 / flash + w.weight_upload_bytes as f64 / up;
+    // The head's share of the streamed bytes, read from flash in the same proportion.
+    let streamed = w.weight_upload_bytes.max(w.weight_flash_bytes).max(1) as f64;
+    let head_share = (w.head.streamed_bytes as f64 / streamed).min(1.0);
+    let upload_share = if w.weight_upload_bytes > 0 { 1.0 } else { 0.0 };
+    let head_io = w.weight_flash_bytes as f64 * head_share / flash
+        + w.head.streamed_bytes as f64 * upload_share / up;
+    let io_pass = w.weight_flash_bytes as f64 * (1.0 - head_share) / flash
+        + (w.weight_upload_bytes as f64 - w.head.streamed_bytes as f64 * upload_share).max(0.0)
+            / up;
+    let beta = c.overlap_beta.clamp(0.0, 1.0);
+    let attn = w.kv_bytes_per_key as f64 / (c.attn_gb_s.max(1e-6) * 1e9);
     let mut total = 0.0;
     let mut left = n;
-    for _ in 0..batches {
+    let mut before = past as f64;
+    for i in 0..batches {
         let t = left.min(batch.max(1));
         left -= t;
-        let compute = per_token_compute * t as f64 + w.dispatches as f64 * c.dispatch_s;
-        let beta = c.overlap_beta.clamp(0.0, 1.0);
-        total += compute.max(io_pass) + beta * compute.min(io_pass);
+        let last = i + 1 == batches;
+        // Rows before+1 ..= before+t each attend to every token up to themselves.
+        let keys = t as f64 * before + (t * (t + 1) / 2) as f64;
+        before += t as f64;
+        let compute = per_token_compute * t as f64
+            + keys * attn
+            + w.dispatches as f64 * c.dispatch_s
+            + if last { head_compute } else { 0.0 };
+        let io = io_pass + if last { head_io } else { 0.0 };
+        total += compute.max(io) + beta * compute.min(io);
     }
     total * 1e3
 }
@@ -534,6 +582,12 @@ pub fn token_work(plan: &ExecPlan, n_past: usize, io: &RunIo, reuse: f64) -> Tok
         slots: plan.placement.slots,
         in_place: io.in_place,
         ring_share,
+        head: HeadWork {
+            ty: head.ty.name().to_string(),
+            bytes: head.n_bytes,
+            streamed_bytes: head_bytes,
+        },
+        kv_bytes_per_key: kv.kv_dim as u64 * 2 * elt * n_layers,
     }
 }
 
@@ -606,7 +660,30 @@ mod tests {
         // Prefill: 100 tokens in batches of 64: per token 60 MB / 8 GB/s + 20 MB / Q8_0
         // (unmeasured for prefill: the slowest measured, 8) = 10 ms; batch 1: 640 ms + 10 ms
         // of dispatches vs 48 ms of I/O: 650 + 12 = 662; batch 2: 360 + 10 = 370 + 12 = 382.
-        let ms = predict_prefill(&cal(), &w, 100, 64);
+        let ms = predict_prefill(&cal(), &w, 0, 100, 64);
         assert!((ms - 1044.0).abs() < 1e-6, "{ms}");
+        // The same work with the 20 MB of Q8_0 as the output head, streamed: the layers'
+        // 60 MB at 8 GB/s = 7.5 ms per token; their I/O 60 MB / 2 GB/s + 60 MB / 10 GB/s =
+        // 36 ms a batch; the head once, in the last batch: 20 MB / 2 GB/s (decode rate) =
+        // 10 ms of compute and 10 + 2 = 12 ms of I/O. Batch 1: 480 + 10 = 490 vs 36: 499;
+        // batch 2: 270 + 10 + 10 = 290 vs 48: 302. Total 801.
+        let with_head = TokenWork {
+            head: HeadWork {
+                ty: "Q8_0".into(),
+                bytes: 20_000_000,
+                streamed_bytes: 20_000_000,
+            },
+            ..w.clone()
+        };
+        let ms = predict_prefill(&cal(), &with_head, 0, 100, 64);
+        assert!((ms - 801.0).abs() < 1e-6, "{ms}");
+        // Attention alone: 4 MB of K and V per cached token at 4 GB/s = 1 ms per key. Three
+        // tokens after 10 cached, in batches of 2: rows 11 and 12 (23 keys), then row 13.
+        let attention = TokenWork {
+            kv_bytes_per_key: 4_000_000,
+            ..Default::default()
+        };
+        let ms = predict_prefill(&cal(), &attention, 10, 3, 2);
+        assert!((ms - 36.0).abs() < 1e-6, "{ms}");
     }
 }

@@ -89,7 +89,7 @@ pub fn s2(c: &mut Ctx<'_>, prompt: &[u32], runs: usize, session: &Path) -> Bench
                 let (_, s) = e.generate(prompt, o.n_gen, &mut greedy(), |_| false, |_| true)?;
                 let p = e.kv_prediction(&s);
                 if let Some(cal) = &cal {
-                    let (t, ttft) = e.predict(cal, prompt.len(), s.selection_reuse);
+                    let (t, ttft) = e.predict(cal, 0, prompt.len(), s.selection_reuse);
                     perf.push((t.ms_per_token, ttft));
                 }
                 eprintln!(
