@@ -58,6 +58,10 @@
 //! While layer `l` computes, layer `l+1`'s previous selection is fetched early. A needed page was
 //! prefetched when it was also selected for the previous token: share `r` under quest, `1` under
 //! exact (for every layer, the first included: its pages are fetched during the previous token).
+//! The other `N(1-r)` prefetched pages of a selecting layer are not needed: they were read for
+//! nothing, from flash unless the host cache holds them (they were requested one token ago, so
+//! LRU does once `C >= L*N`; a pinned cache at its hit rate). Flash bytes per token are therefore
+//! `page_bytes * (L*N*(1-hit) + L*N*(1-r)*(1-hit_wasted))` under quest, not only the first term.
 //!
 //! The simulator in [`super::hitrate_sim`] counts hits on synthetic traces of this layout; its
 //! tests check the model against it.
@@ -105,6 +109,9 @@ pub struct KvPrediction {
     pub kv_bytes_per_token: f64,
     /// Share of needed pages already prefetched.
     pub prefetch_hit_rate: f64,
+    /// Pages prefetched per token and then not selected (read for nothing; included in
+    /// `flash_bytes_per_token` where the host cache does not hold them).
+    pub wasted_prefetch_per_token: f64,
 }
 
 /// Predicts the steady-state KV page traffic of a configuration (see the module docs).
@@ -130,12 +137,24 @@ pub fn predict(i: &KvModelInput) -> KvPrediction {
         }
     };
     let kv_bytes = requests * i.page_bytes as f64;
+    // Under quest the previous token's selection is prefetched (module docs): the share 1 - r
+    // of it that the new selection drops was read for nothing. Those pages were requested one
+    // token ago, so an LRU cache of at least one selection per layer still holds them, and a
+    // pinned one holds its usual share.
+    let wasted = if n < m { requests * (1.0 - r) } else { 0.0 };
+    let wasted_hit = match i.policy {
+        Policy::Pinned => (c / (l * f64::from(m)).max(1.0)).min(1.0),
+        Policy::Lru if c >= requests => 1.0,
+        Policy::Lru => 0.0,
+    };
     KvPrediction {
         requests_per_token: requests,
         hit_rate,
-        flash_bytes_per_token: kv_bytes * (1.0 - hit_rate),
+        flash_bytes_per_token: (requests * (1.0 - hit_rate) + wasted * (1.0 - wasted_hit))
+            * i.page_bytes as f64,
         kv_bytes_per_token: kv_bytes,
         prefetch_hit_rate: if requests > 0.0 { r } else { 0.0 },
+        wasted_prefetch_per_token: wasted,
     }
 }
 
@@ -192,6 +211,26 @@ mod tests {
             reuse,
             ..i.clone()
         })
+    }
+
+    #[test]
+    fn dropped_prefetches_are_read_for_nothing() {
+        // 12 layers, quest 8 of 61 candidates, half of each selection kept: each token reads
+        // 96 selected pages and prefetched 48 it then dropped.
+        let i = input(12, 66, 5, Some(8));
+        let p = with(&i, 0, Policy::Lru, 0.5);
+        assert_eq!(p.requests_per_token, 96.0);
+        assert_eq!(p.wasted_prefetch_per_token, 48.0);
+        assert_eq!(p.flash_bytes_per_token, 144.0 * 4096.0);
+        // An LRU cache of one selection per layer holds the previous selection: the dropped
+        // prefetches hit it, and so do the kept pages.
+        let p = with(&i, 96, Policy::Lru, 0.5);
+        assert_eq!(p.hit_rate, 0.5);
+        assert_eq!(p.flash_bytes_per_token, 48.0 * 4096.0);
+        // Exact attention prefetches only what it needs.
+        let p = with(&input(12, 66, 5, None), 0, Policy::Lru, 0.5);
+        assert_eq!(p.wasted_prefetch_per_token, 0.0);
+        assert_eq!(p.flash_bytes_per_token, p.kv_bytes_per_token);
     }
 
     #[test]

@@ -424,16 +424,15 @@ pub fn kv_prediction(plan: &ExecPlan, n_past: usize, dram: u64, reuse: f64) -> K
     let s = part(selecting, Some(n_eff), Policy::Lru);
     let flash = d.flash_bytes_per_token + s.flash_bytes_per_token;
     let bytes = d.kv_bytes_per_token + s.kv_bytes_per_token;
+    // The hit rate of the needed pages (wasted prefetches are in the flash bytes only).
+    let hits = d.hit_rate * d.kv_bytes_per_token + s.hit_rate * s.kv_bytes_per_token;
     KvPrediction {
         requests_per_token: d.requests_per_token + s.requests_per_token,
-        hit_rate: if bytes > 0.0 {
-            1.0 - flash / bytes
-        } else {
-            0.0
-        },
+        hit_rate: if bytes > 0.0 { hits / bytes } else { 0.0 },
         flash_bytes_per_token: flash,
         kv_bytes_per_token: bytes,
         prefetch_hit_rate: s.prefetch_hit_rate,
+        wasted_prefetch_per_token: s.wasted_prefetch_per_token,
     }
 }
 
