@@ -99,6 +99,30 @@ pub struct PageRow {
     pub home_pages: u32,
     pub halves: u32,
     pub peak_device_bytes: u64,
+    /// Why this size did not run (it does not fit the budget, ...); its figures are NaN/0.
+    pub not_run: Option<String>,
+}
+
+impl PageRow {
+    /// A page size that could not run, and why.
+    pub fn not_run(page_tokens: u32, decoded_tokens: usize, why: String) -> Self {
+        PageRow {
+            page_tokens,
+            runs: 0,
+            decoded_tokens,
+            ms_per_token: f64::NAN,
+            prefill_tok_s: f64::NAN,
+            ttft_ms: f64::NAN,
+            kv_flash_bytes_per_token: f64::NAN,
+            kv_pages_per_token: f64::NAN,
+            flash_to_gpu_gb_s: f64::NAN,
+            page_bytes: 0,
+            home_pages: 0,
+            halves: 0,
+            peak_device_bytes: 0,
+            not_run: Some(why),
+        }
+    }
 }
 
 /// A goal of the issue, checked against this run's figures.
@@ -461,6 +485,14 @@ impl KvReport {
                 self.prompt_tokens, self.pages[0].decoded_tokens
             ));
             for p in &self.pages {
+                if let Some(why) = &p.not_run {
+                    s.push_str(&format!(
+                        "| {} | not run: {} | | | | | | | | | |\n",
+                        p.page_tokens,
+                        why.replace('|', "/")
+                    ));
+                    continue;
+                }
                 s.push_str(&format!(
                     "| {} | {} | {:.1} | {:.1} | {:.0} | {:.0} | {:.1} | {:.2} | {} | {} | {} |\n",
                     p.page_tokens,
@@ -532,6 +564,7 @@ mod tests {
             home_pages: 0,
             halves: 0,
             peak_device_bytes: 0,
+            not_run: None,
         }
     }
 
@@ -547,5 +580,14 @@ mod tests {
         let rows = [page(16, 100.0), page(64, 90.0)];
         assert_eq!(recommend_page(&rows), Some(64));
         assert_eq!(recommend_page(&[]), None);
+        // Sizes that did not run take no part.
+        let rows = [
+            page(16, 100.0),
+            page(64, 97.0),
+            PageRow::not_run(256, 1, "does not fit".into()),
+        ];
+        assert_eq!(recommend_page(&rows), Some(16));
+        let rows = [PageRow::not_run(256, 1, "does not fit".into())];
+        assert_eq!(recommend_page(&rows), None);
     }
 }

@@ -133,6 +133,13 @@ pub fn pages(c: &mut Ctx<'_>, prompt: &[u32], runs: usize) -> BenchResult<Vec<Pa
     for &pt in &o.page_sweep {
         let mut opts = c.opts(prompt.len() + decode, "exact")?;
         opts.kv_page = Some(pt);
+        // A size whose device window does not fit the budget is a row of the table, not the
+        // end of the bench.
+        if let Err(e) = c.build(&opts, 0) {
+            eprintln!("page {pt}: not run: {e}");
+            out.push(PageRow::not_run(pt, decode, e.to_string()));
+            continue;
+        }
         let mut stats = Vec::new();
         let mut geo = (0, 0, 0);
         for r in 0..runs {
@@ -162,6 +169,7 @@ pub fn pages(c: &mut Ctx<'_>, prompt: &[u32], runs: usize) -> BenchResult<Vec<Pa
             home_pages: geo.0,
             halves: geo.1,
             peak_device_bytes: stats.iter().map(|s| s.peak_device_bytes).max().unwrap_or(0),
+            not_run: None,
         });
     }
     Ok(out)
