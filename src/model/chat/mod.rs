@@ -263,10 +263,33 @@ impl ChatTemplate {
         }
     }
 
-    /// Renders a conversation in this process, whatever the sandbox setting: fuel and the
-    /// recursion limit bound it, but neither bounds the memory or time of one filter applied
-    /// to a value a template built cheaply (see [`Sandbox`]).
+    /// Renders a conversation in this process, whatever the sandbox setting, on a thread of
+    /// its own with a [`RENDER_STACK`] stack: fuel and the recursion limit bound it, but
+    /// neither bounds the memory or time of one filter applied to a value a template built
+    /// cheaply (see [`Sandbox`]).
     pub fn render_here(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, ChatError> {
+        // Every value the render builds is also freed on that thread.
+        std::thread::scope(|scope| {
+            std::thread::Builder::new()
+                .name("chat template".into())
+                .stack_size(RENDER_STACK)
+                .spawn_scoped(scope, || {
+                    self.render_on_this_thread(messages, add_generation_prompt)
+                })
+                .map_err(|e| ChatError::Thread(e.to_string()))?
+                .join()
+                .unwrap_or_else(|_| Err(ChatError::Thread("the render panicked".into())))
+        })
+    }
+
+    /// As [`ChatTemplate::render_here`], on the calling thread: the caller provides a stack of
+    /// at least [`RENDER_STACK`] (deeply nested values are printed, compared and freed
+    /// recursively), e.g. a long-lived worker thread that renders many conversations.
+    pub fn render_on_this_thread(
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
@@ -288,23 +311,10 @@ impl ChatTemplate {
         ctx.insert("eos_token", Value::from(self.eos_token.as_str()));
         let mut env = self.env.lock().unwrap_or_else(|e| e.into_inner());
         env.set_fuel(Some(fuel));
-        let env = &*env;
-        // On a thread of its own with a large stack (see RENDER_STACK); every value the render
-        // builds is also freed there.
-        std::thread::scope(|scope| {
-            std::thread::Builder::new()
-                .name("chat template".into())
-                .stack_size(RENDER_STACK)
-                .spawn_scoped(scope, move || {
-                    let template = env.get_template(TEMPLATE_NAME).map_err(ChatError::Render)?;
-                    template
-                        .render(Value::from(ctx))
-                        .map_err(|e| render_error(e, fuel))
-                })
-                .map_err(|e| ChatError::Thread(e.to_string()))?
-                .join()
-                .unwrap_or_else(|_| Err(ChatError::Thread("the render panicked".into())))
-        })
+        let template = env.get_template(TEMPLATE_NAME).map_err(ChatError::Render)?;
+        template
+            .render(Value::from(ctx))
+            .map_err(|e| render_error(e, fuel))
     }
 }
 
