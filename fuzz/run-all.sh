@@ -38,9 +38,14 @@ for t in "${all[@]}"; do
   stat() { awk -v k="stat::$1:" '$1 == k { v = $2 } END { print v + 0 }' "$log"; }
   crashes=$(grep -c -e "^SUMMARY: " -e "^Error: Fuzz target exited with signal" "$log")
   rc=$(awk '/^exit / { v = $2 } END { print v + 0 }' "$log")
-  [ "$rc" -ne 0 ] && [ "$crashes" -eq 0 ] && crashes="exit $rc"
   execs=$(stat number_of_executed_units)
   rate=$(stat average_exec_per_sec)
+  if grep -q "libFuzzer: run interrupted" "$log"; then
+    # Stopped by a signal (SIGTERM/SIGINT) before its count of runs: not a failure.
+    execs="$execs (stopped)"
+  elif [ "$rc" -ne 0 ] && [ "$crashes" -eq 0 ]; then
+    crashes="exit $rc"
+  fi
   if ! grep -q "^stat::number_of_executed_units:" "$log"; then
     # Stopped before libFuzzer printed its final stats: its last status line.
     execs=$(awk '/^#[0-9]+\t/ { v = substr($1, 2) } END { print v + 0 }' "$log")
