@@ -31,9 +31,7 @@ const STEPS: usize = 16;
 const CTX: usize = 256;
 
 fn scratch() -> PathBuf {
-    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("arch-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    common::scratch("arch")
 }
 
 struct Oracle {

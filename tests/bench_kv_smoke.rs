@@ -16,10 +16,7 @@ use flashlm::model::synthetic::{SyntheticSpec, synthetic_llama};
 use flashlm::plan::KvSelect;
 
 fn scratch(name: &str) -> PathBuf {
-    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("bench-kv-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    common::scratch(&format!("bench-kv-{name}"))
 }
 
 fn spec() -> SyntheticSpec {

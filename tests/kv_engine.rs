@@ -19,10 +19,7 @@ use flashlm::plan::KvSelect;
 use flashlm::sampling::{Sampler, SamplerParams};
 
 fn scratch(name: &str) -> PathBuf {
-    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("kv-engine-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    common::scratch(&format!("kv-engine-{name}"))
 }
 
 fn spec() -> SyntheticSpec {

@@ -73,8 +73,7 @@ fn greedy(e: &mut Engine, prompt: &[u32]) -> Vec<u32> {
 }
 
 fn scratch(name: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("planner-{name}-{}", std::process::id()));
+    let dir = common::scratch(&format!("planner-{name}"));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir

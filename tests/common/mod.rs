@@ -58,3 +58,12 @@ impl Rng {
         (0..n).map(|_| self.f32() * scale).collect()
     }
 }
+
+/// The scratch directory `<name>-<pid>` under the test target's temporary directory, created
+/// if absent (tests of one process may share it, so it is never emptied here).
+pub fn scratch(name: &str) -> PathBuf {
+    let dir =
+        PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
