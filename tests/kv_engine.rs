@@ -371,6 +371,60 @@ fn session_resumes_to_the_uninterrupted_ids_and_rejects_mismatches() {
 }
 
 #[test]
+fn quest_resumed_from_an_exact_session_decodes_as_if_it_had_prefilled() {
+    if common::gpu().is_none() {
+        return;
+    }
+    let dir = scratch("quest-session");
+    let (gguf, path) = model(&dir);
+    let sp = dir.join("exact.session");
+    let greedy = || {
+        Sampler::new(SamplerParams {
+            temperature: 0.0,
+            ..Default::default()
+        })
+    };
+    let p = prompt(150, 9);
+    let n = p.len();
+    for streams in [false, true] {
+        let mut base = opts(None, 16, &dir);
+        base.kv_select = Some(KvSelect::parse("quest:2", 0).unwrap());
+        let budget = streams.then(|| min_budget(&gguf, &base));
+        let mk = |sel: Option<&str>| {
+            let mut o = base.clone();
+            o.gpu.budget = budget;
+            o.kv_select = sel.map(|s| KvSelect::parse(s, 0).unwrap());
+            engine(&gguf, &path, &o, IoMode::Direct)
+        };
+        // Prefill attends exactly in every mode: an exact engine's session of the prompt is the
+        // state a selecting engine builds itself.
+        let mut a = mk(None);
+        a.forward(&p[..n - 1]).unwrap();
+        a.save_session(&sp).unwrap();
+        drop(a);
+        // The same schedule cold: the prompt but its last token, then a decode from it.
+        let mut c = mk(Some("quest:2"));
+        c.forward(&p[..n - 1]).unwrap();
+        let (want, _) = c
+            .generate(&p[n - 1..], 16, &mut greedy(), |_| false, |_| true)
+            .unwrap();
+        assert!(c.kv_stats.selected_pages < c.kv_stats.candidate_pages);
+        drop(c);
+        let s = Session::open(&sp).unwrap();
+        let mut b = mk(Some("quest:2"));
+        let k = b.resume(&s, &p).unwrap();
+        assert_eq!(k, n - 1);
+        let (got, _) = b
+            .generate(&p[k..], 16, &mut greedy(), |_| false, |_| true)
+            .unwrap();
+        assert_eq!(got, want, "streams={streams}: resumed quest ids differ");
+        assert!(b.kv_stats.selections > 0);
+        assert!(b.kv_stats.selected_pages < b.kv_stats.candidate_pages);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn plan_sizes_are_allocated_exactly() {
     if common::gpu().is_none() {
         return;

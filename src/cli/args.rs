@@ -433,6 +433,14 @@ pub enum BenchKind {
         /// Repetitions (medians are reported).
         #[arg(long, default_value = "3", value_parser = parse_runs)]
         runs: usize,
+        /// Runs of the exact S2 row (no host cache) that prefill the prompt cold, from 1 to
+        /// --runs (default: every run of every row). The first of them saves a session; every
+        /// other S2 run resumes the prompt from it and prefills only its last token, so a long
+        /// prompt is prefilled cold this many times instead of once per run. The decode is
+        /// the same either way (prefill attends exactly in every mode); the table says which
+        /// runs were cold.
+        #[arg(long, value_parser = parse_runs)]
+        cold_runs: Option<usize>,
         /// Perplexity chunks per mode, at most what the text holds (0: skip perplexity). The
         /// loss against exact is paired chunk by chunk, so its standard error needs 2 or more.
         #[arg(long, default_value = "4", value_parser = parse_ppl_chunks)]
@@ -447,6 +455,9 @@ pub enum BenchKind {
         /// names the one its rule picks.
         #[arg(long, value_delimiter = ',', default_value = "16,32,64,128,256", value_parser = parse_kv_page)]
         page_sweep: Vec<u32>,
+        /// Prompt tokens of the page sweep (each size prefills cold; default: --prompt-tokens).
+        #[arg(long, value_parser = parse_tokens)]
+        page_sweep_tokens: Option<usize>,
         /// Write the figures as JSON.
         #[arg(long)]
         json: Option<PathBuf>,

@@ -194,6 +194,8 @@ pub fn bench(cli: &Cli, b: &BenchArgs) -> CliResult<()> {
             ppl_chunks,
             cache_share,
             page_sweep,
+            page_sweep_tokens,
+            cold_runs,
             json,
         } => {
             let path = resolve_model(&model.model)?;
@@ -211,6 +213,8 @@ pub fn bench(cli: &Cli, b: &BenchArgs) -> CliResult<()> {
                 ppl_chunks: *ppl_chunks,
                 cache_share: *cache_share,
                 page_sweep: page_sweep.clone(),
+                page_sweep_tokens: *page_sweep_tokens,
+                cold_runs: *cold_runs,
             })?;
             println!("{}", report.to_markdown());
             if let Some(j) = json {

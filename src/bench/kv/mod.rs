@@ -67,6 +67,11 @@ pub struct KvBenchOptions<'a> {
     pub cache_share: f64,
     /// Page sizes to compare at the S2 setting (empty: skip).
     pub page_sweep: Vec<u32>,
+    /// Prompt tokens of the page sweep (None: the whole prompt).
+    pub page_sweep_tokens: Option<usize>,
+    /// Runs of the exact S2 row without a host cache that prefill cold (None: every run of
+    /// every row prefills cold); the other S2 runs resume the prompt from the session.
+    pub cold_runs: Option<usize>,
 }
 
 /// The benchmark text: the given file, else `data/persuasion.txt` of the source tree.

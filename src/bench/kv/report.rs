@@ -42,6 +42,9 @@ pub struct ModeRow {
     pub prefetch_hit_rate: f64,
     pub selection_reuse: f64,
     pub overlap_efficiency: f64,
+    /// Runs that prefilled the prompt cold (the others resumed it from the session).
+    pub cold_runs: usize,
+    /// TTFT of the cold runs, median (NaN when every run resumed).
     pub ttft_ms: f64,
     pub peak_device_bytes: u64,
     pub placement: String,
@@ -86,6 +89,8 @@ pub struct ModelPoint {
 #[derive(Debug, Clone, Serialize)]
 pub struct PageRow {
     pub page_tokens: u32,
+    /// Prompt tokens each run prefilled.
+    pub prompt_tokens: usize,
     pub runs: usize,
     pub decoded_tokens: usize,
     pub ms_per_token: f64,
@@ -105,9 +110,15 @@ pub struct PageRow {
 
 impl PageRow {
     /// A page size that could not run, and why.
-    pub fn not_run(page_tokens: u32, decoded_tokens: usize, why: String) -> Self {
+    pub fn not_run(
+        page_tokens: u32,
+        prompt_tokens: usize,
+        decoded_tokens: usize,
+        why: String,
+    ) -> Self {
         PageRow {
             page_tokens,
+            prompt_tokens,
             runs: 0,
             decoded_tokens,
             ms_per_token: f64::NAN,
@@ -338,6 +349,24 @@ fn cache_label(r: &ModeRow) -> String {
     }
 }
 
+/// How a row's runs got the prompt: all cold, all resumed from the session, or some of each.
+fn prefill_label(r: &ModeRow) -> String {
+    match (r.cold_runs, r.runs - r.cold_runs.min(r.runs)) {
+        (_, 0) => "cold".to_string(),
+        (0, _) => "resumed".to_string(),
+        (c, k) => format!("{c} cold, {k} resumed"),
+    }
+}
+
+/// Milliseconds, or "-" for a figure not measured (NaN).
+fn fmt_ms(v: f64) -> String {
+    if v.is_finite() {
+        format!("{v:.0}")
+    } else {
+        "-".to_string()
+    }
+}
+
 impl KvReport {
     pub fn to_markdown(&self) -> String {
         let mut s = format!(
@@ -370,12 +399,12 @@ impl KvReport {
             ));
         }
         s.push_str(
-            "| mode | host cache | ms/token | KV bytes/token from flash | weight bytes/token | KV bytes written/token | hit rate (measured / predicted) | KV flash bytes predicted | overlap eff. | selection reuse | prefetch hits | TTFT ms | peak device bytes |\n\
-             |---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+            "| mode | host cache | ms/token | KV bytes/token from flash | weight bytes/token | KV bytes written/token | hit rate (measured / predicted) | KV flash bytes predicted | overlap eff. | selection reuse | prefetch hits | prefill | TTFT ms (cold) | peak device bytes |\n\
+             |---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
         );
         for r in &self.rows {
             s.push_str(&format!(
-                "| {} | {} | {:.1} | {:.0} | {:.0} | {:.0} | {:.3} / {:.3} | {:.0} | {:.2} | {:.2} | {:.2} | {:.0} | {} |\n",
+                "| {} | {} | {:.1} | {:.0} | {:.0} | {:.0} | {:.3} / {:.3} | {:.0} | {:.2} | {:.2} | {:.2} | {} | {} | {} |\n",
                 r.mode,
                 cache_label(r),
                 r.ms_per_token,
@@ -388,7 +417,8 @@ impl KvReport {
                 r.overlap_efficiency,
                 r.selection_reuse,
                 r.prefetch_hit_rate,
-                r.ttft_ms,
+                prefill_label(r),
+                fmt_ms(r.ttft_ms),
                 r.peak_device_bytes
             ));
         }
@@ -399,17 +429,24 @@ impl KvReport {
                  |---|---|---|---|---|---|---|---|\n",
             );
             for r in &self.rows {
-                if let (Some(p), Some(t)) = (r.predicted_ms_per_token, r.predicted_ttft_ms) {
+                if let Some(p) = r.predicted_ms_per_token {
+                    let ttft = match r.predicted_ttft_ms {
+                        Some(t) if r.ttft_ms.is_finite() => format!(
+                            "{:.0} | {:.0} | {:+.0}%",
+                            t,
+                            r.ttft_ms,
+                            (t / r.ttft_ms.max(1e-9) - 1.0) * 100.0
+                        ),
+                        _ => "- | - | -".to_string(),
+                    };
                     s.push_str(&format!(
-                        "| {} | {} | {:.1} | {:.1} | {:+.0}% | {:.0} | {:.0} | {:+.0}% |\n",
+                        "| {} | {} | {:.1} | {:.1} | {:+.0}% | {} |\n",
                         r.mode,
                         cache_label(r),
                         p,
                         r.ms_per_token,
                         (p / r.ms_per_token.max(1e-9) - 1.0) * 100.0,
-                        t,
-                        r.ttft_ms,
-                        (t / r.ttft_ms.max(1e-9) - 1.0) * 100.0
+                        ttft
                     ));
                 }
             }
@@ -482,7 +519,7 @@ impl KvReport {
                  Ring GB/s: bytes through the staging ring (weights and KV pages) over the I/O thread's time.\n\n\
                  | tokens per page | page bytes | ms/token | prefill tok/s | TTFT ms | KV bytes/token from flash | KV pages/token | ring GB/s | pages at home per layer | stream pool halves | peak device bytes |\n\
                  |---|---|---|---|---|---|---|---|---|---|---|\n",
-                self.prompt_tokens, self.pages[0].decoded_tokens
+                self.pages[0].prompt_tokens, self.pages[0].decoded_tokens
             ));
             for p in &self.pages {
                 if let Some(why) = &p.not_run {
@@ -552,6 +589,7 @@ mod tests {
     fn page(t: u32, ms: f64) -> PageRow {
         PageRow {
             page_tokens: t,
+            prompt_tokens: 1,
             runs: 1,
             decoded_tokens: 1,
             ms_per_token: ms,
@@ -584,10 +622,10 @@ mod tests {
         let rows = [
             page(16, 100.0),
             page(64, 97.0),
-            PageRow::not_run(256, 1, "does not fit".into()),
+            PageRow::not_run(256, 1, 1, "does not fit".into()),
         ];
         assert_eq!(recommend_page(&rows), Some(16));
-        let rows = [PageRow::not_run(256, 1, "does not fit".into())];
+        let rows = [PageRow::not_run(256, 1, 1, "does not fit".into())];
         assert_eq!(recommend_page(&rows), None);
     }
 }

@@ -60,7 +60,9 @@ pub struct S2 {
 
 /// Every S2 mode, without a host cache, then (when the cache share is not 0) with the streamed
 /// weights plus that share of the streamed KV in the host cache. The first exact run saves the
-/// session the resumed TTFT and the model sweep start from.
+/// session the resumed TTFT and the model sweep start from. With `cold_runs`, only that many
+/// exact runs without a host cache prefill cold and the others resume the prompt from that
+/// session (prefill attends exactly in every mode, so the decoded state is the same).
 pub fn s2(c: &mut Ctx<'_>, prompt: &[u32], runs: usize, session: &Path) -> BenchResult<S2> {
     let o = c.o;
     let ctx_len = o.prompt_tokens + o.n_gen;
@@ -68,6 +70,7 @@ pub fn s2(c: &mut Ctx<'_>, prompt: &[u32], runs: usize, session: &Path) -> Bench
     let mut ttft_cold = Vec::new();
     let mut page_tokens = 0;
     let cal = crate::plan::perf::Calibration::load(&crate::plan::perf::Calibration::path()).ok();
+    let mut opened: Option<Session> = None;
     for mode in MODES {
         let opts = c.opts(ctx_len, mode)?;
         let mut shares = vec![0.0];
@@ -84,17 +87,39 @@ pub fn s2(c: &mut Ctx<'_>, prompt: &[u32], runs: usize, session: &Path) -> Bench
                 Some(s) if share > 0.0 => Streamed::dram(&s, share),
                 _ => 0,
             };
+            let mut cold_ttft = Vec::new();
+            let mut cold_pred_ttft = Vec::new();
             for r in 0..runs {
                 let mut e = c.engine(&opts, dram)?;
-                let (_, s) = e.generate(prompt, o.n_gen, &mut greedy(), |_| false, |_| true)?;
+                let cold = match o.cold_runs {
+                    None => true,
+                    Some(k) => mode == "exact" && dram == 0 && r < k,
+                };
+                let past = if cold {
+                    0
+                } else {
+                    if opened.is_none() {
+                        opened = Some(Session::open(session)?);
+                    }
+                    let Some(sess) = opened.as_ref() else {
+                        return Err("no session to resume the prompt from".into());
+                    };
+                    e.resume(sess, prompt)?
+                };
+                let (_, s) =
+                    e.generate(&prompt[past..], o.n_gen, &mut greedy(), |_| false, |_| true)?;
                 let p = e.kv_prediction(&s);
                 if let Some(cal) = &cal {
-                    let (t, ttft) = e.predict(cal, 0, prompt.len(), s.selection_reuse);
-                    perf.push((t.ms_per_token, ttft));
+                    let (t, ttft) = e.predict(cal, past, prompt.len() - past, s.selection_reuse);
+                    perf.push(t.ms_per_token);
+                    if cold {
+                        cold_pred_ttft.push(ttft);
+                    }
                 }
                 eprintln!(
-                    "S2 {mode} (host cache {dram} B) run {}: {:.1} ms/token, TTFT {:.0} ms, KV {:.0} B/token from flash (predicted {:.0}), hit {:.3} (predicted {:.3})",
+                    "S2 {mode} (host cache {dram} B) run {} ({}): {:.1} ms/token, TTFT {:.0} ms, KV {:.0} B/token from flash (predicted {:.0}), hit {:.3} (predicted {:.3})",
                     r + 1,
+                    if cold { "cold" } else { "resumed" },
                     s.ms_per_token,
                     s.ttft_ms,
                     s.kv_flash_bytes_per_token,
@@ -102,10 +127,13 @@ pub fn s2(c: &mut Ctx<'_>, prompt: &[u32], runs: usize, session: &Path) -> Bench
                     s.kv_hit_rate,
                     p.hit_rate
                 );
-                if dram == 0 && mode == "exact" {
-                    ttft_cold.push(s.ttft_ms);
-                    if r == 0 {
-                        e.save_session(session)?;
+                if cold {
+                    cold_ttft.push(s.ttft_ms);
+                    if dram == 0 && mode == "exact" {
+                        ttft_cold.push(s.ttft_ms);
+                        if r == 0 {
+                            e.save_session(session)?;
+                        }
                     }
                 }
                 let st = *streamed.get_or_insert_with(|| Streamed::of(&e.plan, ctx_len));
@@ -138,12 +166,16 @@ pub fn s2(c: &mut Ctx<'_>, prompt: &[u32], runs: usize, session: &Path) -> Bench
                 prefetch_hit_rate: med(&stats, |s| s.prefetch_hit_rate),
                 selection_reuse: med(&stats, |s| s.selection_reuse),
                 overlap_efficiency: med(&stats, |s| s.overlap_efficiency),
-                ttft_ms: med(&stats, |s| s.ttft_ms),
+                cold_runs: cold_ttft.len(),
+                ttft_ms: if cold_ttft.is_empty() {
+                    f64::NAN
+                } else {
+                    med_of(cold_ttft)
+                },
                 peak_device_bytes: stats.iter().map(|s| s.peak_device_bytes).max().unwrap_or(0),
                 placement: extra.0,
-                predicted_ms_per_token: (!perf.is_empty())
-                    .then(|| med_of(perf.iter().map(|p| p.0))),
-                predicted_ttft_ms: (!perf.is_empty()).then(|| med_of(perf.iter().map(|p| p.1))),
+                predicted_ms_per_token: (!perf.is_empty()).then(|| med_of(perf)),
+                predicted_ttft_ms: (!cold_pred_ttft.is_empty()).then(|| med_of(cold_pred_ttft)),
             });
         }
     }

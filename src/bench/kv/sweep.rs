@@ -125,9 +125,13 @@ pub fn relative_error(predicted: f64, measured: f64) -> f64 {
 }
 
 /// Page sizes at the S2 setting (the bench's budget and I/O mode, cold, no host cache, the
-/// whole prompt), exact attention.
+/// prompt or its first `page_sweep_tokens`), exact attention.
 pub fn pages(c: &mut Ctx<'_>, prompt: &[u32], runs: usize) -> BenchResult<Vec<PageRow>> {
     let o = c.o;
+    let prompt = &prompt[..o
+        .page_sweep_tokens
+        .unwrap_or(prompt.len())
+        .clamp(1, prompt.len())];
     let decode = o.n_gen.clamp(1, PAGE_SWEEP_DECODE);
     let mut out = Vec::new();
     for &pt in &o.page_sweep {
@@ -137,7 +141,7 @@ pub fn pages(c: &mut Ctx<'_>, prompt: &[u32], runs: usize) -> BenchResult<Vec<Pa
         // end of the bench.
         if let Err(e) = c.build(&opts, 0) {
             eprintln!("page {pt}: not run: {e}");
-            out.push(PageRow::not_run(pt, decode, e.to_string()));
+            out.push(PageRow::not_run(pt, prompt.len(), decode, e.to_string()));
             continue;
         }
         let mut stats = Vec::new();
@@ -157,6 +161,7 @@ pub fn pages(c: &mut Ctx<'_>, prompt: &[u32], runs: usize) -> BenchResult<Vec<Pa
         }
         out.push(PageRow {
             page_tokens: pt,
+            prompt_tokens: prompt.len(),
             runs: stats.len(),
             decoded_tokens: decode,
             ms_per_token: med(&stats, |s| s.ms_per_token),
