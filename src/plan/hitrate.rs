@@ -41,17 +41,27 @@
 //!   integer with `(1-q)^G >= x = (M - C_l) / (M - N)`, i.e. `G = floor(ln x / ln(1-q))`
 //!   (`G = 0` when `C_l < N`; every request hits when `C_l >= M`).
 //!
-//!   Consequences: below `C = L*N` nothing hits, not even kept pages: the misses of the other
-//!   layers evict the oldest pages first, which are this layer's, as in any cyclic scan (a share
-//!   guess like `r * min(1, C_l/N)` does not hold for a shared LRU over interleaved layers).
-//!   Taking `G` unrounded gives `hit = r + (1-r) (C_l - N) / (M - N)`, the "each layer keeps its
-//!   `C_l` most recent pages" view; it overestimates at low reuse, because the misses of a
-//!   layer's own burst evict its oldest cached pages before they are reached. The prediction is a
-//!   staircase (steps at `C_l = U(g)`, of height `(1-r) q (1-q)^(g-2)`); the stack distances vary
-//!   with a page's position within its bursts, so a simulated cache climbs each step over about
-//!   one selection (`N` pages of `C`) below its edge. Off those edges the prediction is within
-//!   0.01 of the hits the simulator counts on synthetic traces (12 layers, `M = 61`, `N = 8`,
-//!   `r` in {0, 0.5, 0.875}).
+//!   This holds from `C = L*N` up, where every selected page the cache holds is touched each
+//!   token. The staircase has steps at `C_l = U(g)`, of height `(1-r) q (1-q)^(g-2)`; the stack
+//!   distances vary with a page's position within its bursts, so a simulated cache climbs each
+//!   step over about one selection (`N` pages of `C`) below its edge. Taking `G` unrounded gives
+//!   `hit = r + (1-r) (C_l - N) / (M - N)`, which overestimates at low reuse.
+//! - Lru below one selection per layer (`C < L*N`). Here the engine's prefetch matters: a kept
+//!   page the cache does not hold is read by the prefetch and used from there, and is neither
+//!   admitted nor touched; a kept page the cache holds is skipped by the prefetch and served
+//!   (and touched) by the cache; drawn pages that miss are admitted. So a selected page, once
+//!   cached, stays cached while it stays selected unless evictions reach it, and the pages
+//!   touched or admitted per token settle at the capacity: `hits + admissions = C`, with `L*N
+//!   (1-r)` admissions (drawn pages, hardly ever still cached in so small a cache). Hence
+//!
+//!   `hit = clamp(C / (L*N) - (1-r), 0, r)`,
+//!
+//!   every hit a kept page, and the other kept pages (`r - hit`) come from the prefetch. A
+//!   plain LRU that every request touched would hit nothing here (a cyclic scan); skipping the
+//!   prefetched pages is what keeps `C` pages hot. The two regimes meet at `C = L*N` (`hit =
+//!   r`). On synthetic traces the simulator's engine-order run
+//!   ([`super::hitrate_sim::simulate_prefetching`]) agrees within 0.04; the model is a little
+//!   low at the small end, where a few drawn pages are still cached.
 //! - When `N >= M` quest attends every candidate: the prediction is the exact one.
 //!
 //! # Prefetch
@@ -59,9 +69,13 @@
 //! prefetched when it was also selected for the previous token: share `r` under quest, `1` under
 //! exact (for every layer, the first included: its pages are fetched during the previous token).
 //! The other `N(1-r)` prefetched pages of a selecting layer are not needed: they were read for
-//! nothing, from flash unless the host cache holds them (they were requested one token ago, so
-//! LRU does once `C >= L*N`; a pinned cache at its hit rate). Flash bytes per token are therefore
-//! `page_bytes * (L*N*(1-hit) + L*N*(1-r)*(1-hit_wasted))` under quest, not only the first term.
+//! nothing, from flash unless the host cache holds them. The cache holds a dropped page as
+//! often as a kept one (both were selected one token ago): `hit_wasted` is 1 under LRU from
+//! `C >= L*N`, `hit / r` below (0 at `r = 0`), and the hit rate under Pinned. Flash bytes
+//! per token are therefore `page_bytes * (L*N*(1-hit) + L*N*(1-r)*(1-hit_wasted))` under quest,
+//! not only the first term. The prefetch serves the kept pages the cache does not hold: `r -
+//! kept_cached` of the requests (`kept_cached`: `r` under LRU from `C >= L*N`, `hit` below, `r *
+//! hit` under Pinned); under exact attention every page is queued early, a prefetch hit.
 //!
 //! The simulator in [`super::hitrate_sim`] counts hits on synthetic traces of this layout; its
 //! tests check the model against it.
@@ -132,20 +146,37 @@ pub fn predict(i: &KvModelInput) -> KvPrediction {
         match i.policy {
             Policy::Pinned => (c / all).min(1.0),
             Policy::Lru if c >= all => 1.0,
-            Policy::Lru if n == m || c < requests => 0.0,
+            Policy::Lru if n == m => 0.0,
+            // Below one selection per layer (module docs: prefetched pages bypass the cache).
+            Policy::Lru if c < requests => (c / requests - (1.0 - r)).clamp(0.0, r),
             Policy::Lru => r + (1.0 - r) * returning_hits(c / l, f64::from(n), f64::from(m), r),
         }
     };
     let kv_bytes = requests * i.page_bytes as f64;
     // Under quest the previous token's selection is prefetched (module docs): the share 1 - r
-    // of it that the new selection drops was read for nothing. Those pages were requested one
-    // token ago, so an LRU cache of at least one selection per layer still holds them, and a
-    // pinned one holds its usual share.
-    let wasted = if n < m { requests * (1.0 - r) } else { 0.0 };
+    // of it that the new selection drops was read for nothing, unless the cache held it (as
+    // often as it holds a kept page).
+    let quest = n < m;
+    let wasted = if quest { requests * (1.0 - r) } else { 0.0 };
+    let kept_cached = match i.policy {
+        Policy::Pinned => r * hit_rate,
+        Policy::Lru if c >= requests => r,
+        Policy::Lru => hit_rate,
+    };
     let wasted_hit = match i.policy {
-        Policy::Pinned => (c / (l * f64::from(m)).max(1.0)).min(1.0),
+        Policy::Pinned => hit_rate,
         Policy::Lru if c >= requests => 1.0,
+        Policy::Lru if r > 0.0 => (hit_rate / r).min(1.0),
         Policy::Lru => 0.0,
+    };
+    // Kept pages the cache holds are served by it (the prefetch skips them); the other kept
+    // pages come from the prefetch. Exact attention queues every page early: all prefetched.
+    let prefetch_hit_rate = if requests <= 0.0 {
+        0.0
+    } else if quest {
+        (r - kept_cached).max(0.0)
+    } else {
+        1.0
     };
     KvPrediction {
         requests_per_token: requests,
@@ -153,7 +184,7 @@ pub fn predict(i: &KvModelInput) -> KvPrediction {
         flash_bytes_per_token: (requests * (1.0 - hit_rate) + wasted * (1.0 - wasted_hit))
             * i.page_bytes as f64,
         kv_bytes_per_token: kv_bytes,
-        prefetch_hit_rate: if requests > 0.0 { r } else { 0.0 },
+        prefetch_hit_rate,
         wasted_prefetch_per_token: wasted,
     }
 }
@@ -278,9 +309,19 @@ mod tests {
         let i = input(12, 66, 5, Some(8));
         let lru = |c_l: f64, r: f64| with(&i, (c_l * 12.0) as u64, Policy::Lru, r).hit_rate;
         let q0 = 8.0 / 53.0;
-        // Below one selection per layer nothing hits, whatever the reuse.
-        assert_eq!(lru(7.0, 0.9), 0.0);
-        assert_eq!(lru(7.9, 1.0), 0.0);
+        // Below one selection per layer: C/(L*N) - (1-r), at most r, at least 0.
+        assert!((lru(7.0, 0.9) - (7.0 / 8.0 - 0.1)).abs() < 1e-12);
+        // (C = 94 pages: the 7.9 * 12 pages rounded down.)
+        assert!((lru(7.9, 1.0) - 94.0 / 96.0).abs() < 1e-12);
+        assert_eq!(lru(4.0, 0.5), 0.0);
+        assert_eq!(lru(6.0, 0.5), 0.25);
+        assert_eq!(lru(7.0, 0.0), 0.0);
+        // The kept pages the cache misses come from the prefetch.
+        let p = with(&i, 72, Policy::Lru, 0.5);
+        assert_eq!(p.prefetch_hit_rate, 0.25);
+        // Flash: 96 requests, 72 of them not from the cache; of the 48 dropped prefetches the
+        // cache holds as many as of the kept pages (half).
+        assert!((p.flash_bytes_per_token - (72.0 + 24.0) * 4096.0).abs() < 1e-6);
         // r = 0: U(2) = 16 (two disjoint selections), so C_l in [8, 16) holds no returning page
         // and [16, U(3)) holds those absent one token: share q.
         assert_eq!(lru(8.0, 0.0), 0.0);
@@ -295,7 +336,10 @@ mod tests {
         // r = 0.5 at C_l = 8: kept pages hit, returning ones do not.
         assert_eq!(lru(8.0, 0.5), 0.5);
         assert_eq!(lru(61.0, 0.0), 1.0);
-        assert_eq!(with(&i, 12 * 61, Policy::Lru, 0.2).prefetch_hit_rate, 0.2);
+        // Kept pages come from the prefetch when there is no cache, from the cache when it holds
+        // everything.
+        assert_eq!(with(&i, 0, Policy::Lru, 0.2).prefetch_hit_rate, 0.2);
+        assert_eq!(with(&i, 12 * 61, Policy::Lru, 0.2).prefetch_hit_rate, 0.0);
     }
 
     #[test]

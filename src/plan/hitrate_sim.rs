@@ -1,6 +1,8 @@
 //! KV page-cache simulator, the check on [`super::hitrate`]'s model: [`CacheSim`] runs a
 //! [`Policy`] over a request trace (per token, the `(layer, page)` requests in order) and counts
-//! hits; [`exact_trace`] and [`quest_trace`] generate synthetic traces with the layout the model
+//! hits; [`simulate`] sends every request to the cache, [`simulate_prefetching`] does what the
+//! engine does for selecting layers (the previous selection is prefetched around the cache);
+//! [`exact_trace`] and [`quest_trace`] generate synthetic traces with the layout the model
 //! assumes (candidates requested layer after layer, in ascending page order).
 
 use super::hitrate::Policy;
@@ -67,6 +69,11 @@ impl CacheSim {
         false
     }
 
+    /// Whether the cache holds a page, without counting or touching it.
+    pub fn contains(&self, layer: u32, page: u32) -> bool {
+        self.stamp.contains_key(&(layer, page))
+    }
+
     pub fn hits(&self) -> u64 {
         self.hits
     }
@@ -91,8 +98,10 @@ pub struct TokenCounts {
     pub requests: u64,
     /// Served by the host cache.
     pub hits: u64,
-    /// Also requested (same layer and page) by the previous token, i.e. prefetched.
+    /// Served by the prefetch ([`simulate`]: also requested by the previous token).
     pub prefetch_hits: u64,
+    /// Pages read from flash: misses, and ([`simulate_prefetching`]) prefetched pages.
+    pub flash_reads: u64,
 }
 
 /// The outcome of [`simulate`]: counts per token.
@@ -109,8 +118,15 @@ impl SimResult {
             t.requests += c.requests;
             t.hits += c.hits;
             t.prefetch_hits += c.prefetch_hits;
+            t.flash_reads += c.flash_reads;
         }
         t
+    }
+
+    /// Pages read from flash per request over the tokens from `warmup` on.
+    pub fn flash_per_request(&self, warmup: usize) -> f64 {
+        let t = self.totals(warmup);
+        ratio(t.flash_reads, t.requests)
     }
 
     /// Host-cache hit rate over the tokens from `warmup` on (0 without requests).
@@ -139,10 +155,66 @@ pub fn simulate(trace: &[Vec<(u32, u32)>], policy: Policy, capacity: u64) -> Sim
         let mut counts = TokenCounts::default();
         for &(layer, page) in token {
             counts.requests += 1;
-            counts.hits += u64::from(cache.access(layer, page));
+            let hit = cache.access(layer, page);
+            counts.hits += u64::from(hit);
+            counts.flash_reads += u64::from(!hit);
             counts.prefetch_hits += u64::from(previous.contains(&(layer, page)));
         }
         previous = token.iter().copied().collect();
+        per_token.push(counts);
+    }
+    SimResult { per_token }
+}
+
+/// Runs a trace as the engine runs a selecting layer: before a layer's requests, the pages it
+/// requested for the previous token that the cache does not hold are prefetched from flash
+/// (a look that neither counts nor touches); a request is then served by the prefetch (the
+/// cache untouched), else by the cache (a hit, touched), else read from flash and admitted
+/// after the layer's hits. Prefetched pages not requested were read for nothing.
+pub fn simulate_prefetching(
+    trace: &[Vec<(u32, u32)>],
+    policy: Policy,
+    capacity: u64,
+) -> SimResult {
+    let mut cache = CacheSim::new(policy, capacity);
+    let mut previous: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+    let mut per_token = Vec::with_capacity(trace.len());
+    for token in trace {
+        let mut counts = TokenCounts::default();
+        let mut current: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+        // The requests of each layer in turn (a trace lists a layer's requests together).
+        let mut at = 0;
+        while at < token.len() {
+            let layer = token[at].0;
+            let end = at + token[at..].iter().take_while(|k| k.0 == layer).count();
+            let fetched: HashSet<u32> = previous
+                .get(&layer)
+                .into_iter()
+                .flatten()
+                .copied()
+                .filter(|&p| !cache.contains(layer, p))
+                .collect();
+            counts.flash_reads += fetched.len() as u64;
+            // As the engine's page job does: every cache look first, then the misses admitted.
+            let mut missed = Vec::new();
+            for &(_, page) in &token[at..end] {
+                counts.requests += 1;
+                if fetched.contains(&page) {
+                    counts.prefetch_hits += 1;
+                } else if cache.contains(layer, page) {
+                    counts.hits += u64::from(cache.access(layer, page));
+                } else {
+                    missed.push(page);
+                }
+            }
+            for page in missed {
+                counts.flash_reads += 1;
+                cache.access(layer, page);
+            }
+            current.insert(layer, token[at..end].iter().map(|k| k.1).collect());
+            at = end;
+        }
+        previous = current;
         per_token.push(counts);
     }
     SimResult { per_token }
@@ -330,23 +402,25 @@ mod tests {
         assert_eq!(model(1830, Policy::Lru).hit_rate, 1.0);
     }
 
-    /// The model against the simulator on quest traces: 12 layers (fewer layers make the
-    /// within-burst effects the model averages out larger), M = 61 candidates, N = 8, 2500
-    /// tokens of which the first 500 warm the cache. Tolerance: 0.02 absolute for Lru and for
-    /// Pinned. The cache sizes stay off the edge of the one large step, `C = L*N`, which the
-    /// simulator climbs over the `N` pages below it (checked separately below).
+    /// The model against the engine-order simulator on quest traces: 12 layers (fewer layers
+    /// make the within-burst effects the model averages out larger), M = 61 candidates, N = 8,
+    /// 2500 tokens of which the first 500 warm the cache. Tolerances, absolute: hit rate and
+    /// prefetch hit rate 0.04, flash pages per request 0.08 (it adds the errors of both; the
+    /// model is low where a small cache still holds a few drawn pages). The
+    /// cache sizes stay off the edge of the one large step above `C = L*N`, which the simulator
+    /// climbs over the `N` pages below it.
     #[test]
     fn quest_model_matches_simulator() {
         let (l, pages, home, n) = (12u32, 66u32, 5u32, 8u32);
         let mut report = String::new();
-        let mut worst = (0.0f64, 0.0f64);
+        let mut worst = [0.0f64; 3];
         for (r, seed) in [(0.0, 1), (0.5, 2), (0.9, 3)] {
             let trace = quest_trace(l, pages, home, n, 2500, r, seed);
             let reuse = trace_reuse(&trace);
-            for c_l in [0, 4, 7, 9, 12, 20, 30, 40, 50, 58, 61] {
+            for c_l in [0, 2, 4, 6, 7, 9, 12, 20, 30, 40, 50, 58, 61] {
                 let c = u64::from(c_l * l);
-                let model = |policy| {
-                    predict(&KvModelInput {
+                for policy in [Policy::Lru, Policy::Pinned] {
+                    let model = predict(&KvModelInput {
                         n_layers: l,
                         page_bytes: 1,
                         pages,
@@ -355,50 +429,92 @@ mod tests {
                         cache_pages: c,
                         policy,
                         reuse,
-                    })
-                };
-                let (lru, pinned) = (model(Policy::Lru), model(Policy::Pinned));
-                let sim_lru = simulate(&trace, Policy::Lru, c);
-                let sim_pinned = simulate(&trace, Policy::Pinned, c).hit_rate(500);
-                let e = (
-                    (lru.hit_rate - sim_lru.hit_rate(500)).abs(),
-                    (pinned.hit_rate - sim_pinned).abs(),
-                );
-                worst = (worst.0.max(e.0), worst.1.max(e.1));
-                report += &format!(
-                    "r {r} (measured {reuse:.3}) C_l {c_l}: lru model {:.4} sim {:.4} | \
-                     pinned model {:.4} sim {sim_pinned:.4}\n",
-                    lru.hit_rate,
-                    sim_lru.hit_rate(500),
-                    pinned.hit_rate
-                );
-                assert!((lru.prefetch_hit_rate - sim_lru.prefetch_hit_rate(500)).abs() < 1e-9);
+                    });
+                    let sim = simulate_prefetching(&trace, policy, c);
+                    let flash = model.flash_bytes_per_token / model.requests_per_token;
+                    let e = [
+                        (model.hit_rate - sim.hit_rate(500)).abs(),
+                        (model.prefetch_hit_rate - sim.prefetch_hit_rate(500)).abs(),
+                        (flash - sim.flash_per_request(500)).abs(),
+                    ];
+                    for (w, e) in worst.iter_mut().zip(e) {
+                        *w = w.max(e);
+                    }
+                    report += &format!(
+                        "r {r} (measured {reuse:.3}) C_l {c_l} {policy:?}: hit model {:.4} sim {:.4} | \
+                         prefetch model {:.4} sim {:.4} | flash model {flash:.4} sim {:.4}\n",
+                        model.hit_rate,
+                        sim.hit_rate(500),
+                        model.prefetch_hit_rate,
+                        sim.prefetch_hit_rate(500),
+                        sim.flash_per_request(500),
+                    );
+                }
             }
         }
         assert!(
-            worst.0 <= 0.02 && worst.1 <= 0.02,
+            worst[0] <= 0.04 && worst[1] <= 0.04 && worst[2] <= 0.08,
             "worst {worst:?}\n{report}"
         );
     }
 
     #[test]
-    fn quest_lru_step_at_one_selection_per_layer() {
+    fn quest_lru_below_one_selection_per_layer() {
+        // 12 layers, 8 of 61 candidates, half of each selection kept: the prefetch keeps
+        // C - L*N(1-r) kept pages hot, where a cache every request touches holds none.
         let (l, n) = (12u32, 8u32);
         let trace = quest_trace(l, 66, 5, n, 1500, 0.5, 9);
-        assert_eq!(
-            simulate(&trace, Policy::Lru, u64::from((l - 1) * n))
-                .totals(0)
-                .hits,
-            0
-        );
-        assert_eq!(
-            simulate(&trace, Policy::Lru, u64::from(l * n - n))
-                .totals(0)
-                .hits,
-            0
-        );
-        let above = simulate(&trace, Policy::Lru, u64::from(l * n + n)).hit_rate(300);
+        for (c, want) in [(l * n / 4, 0.0), (3 * l * n / 4, 0.25), (l * n - 4, 0.46)] {
+            if c <= l * n - n {
+                let plain = simulate(&trace, Policy::Lru, u64::from(c));
+                assert_eq!(plain.totals(0).hits, 0, "cache {c}");
+            }
+            let got = simulate_prefetching(&trace, Policy::Lru, u64::from(c)).hit_rate(300);
+            assert!((got - want).abs() < 0.03, "cache {c}: {got}, want {want}");
+        }
+        let above = simulate_prefetching(&trace, Policy::Lru, u64::from(l * n + n)).hit_rate(300);
         assert!((above - 0.5).abs() < 0.02, "{above}");
+    }
+
+    #[test]
+    fn prefetching_by_hand() {
+        // One layer, pages 1 and 2 then 2 and 3, a cache of one page. Token 1: both miss
+        // (nothing to prefetch), 2 is admitted last. Token 2: the prefetch looks at 1 (not
+        // cached: read) and 2 (cached: skipped); 2 hits, 3 misses and evicts 2; 1 was read
+        // for nothing.
+        let trace = vec![vec![(0, 1), (0, 2)], vec![(0, 2), (0, 3)]];
+        let s = simulate_prefetching(&trace, Policy::Lru, 1);
+        assert_eq!(
+            s.per_token,
+            vec![
+                TokenCounts {
+                    requests: 2,
+                    hits: 0,
+                    prefetch_hits: 0,
+                    flash_reads: 2
+                },
+                TokenCounts {
+                    requests: 2,
+                    hits: 1,
+                    prefetch_hits: 0,
+                    flash_reads: 2
+                },
+            ]
+        );
+        // Token 3 asks for 2 and 3 again: 3 is cached (skipped), 2 is prefetched and served
+        // from there without entering the cache.
+        let mut t3 = trace.clone();
+        t3.push(vec![(0, 2), (0, 3)]);
+        let s = simulate_prefetching(&t3, Policy::Lru, 1);
+        assert_eq!(
+            s.per_token[2],
+            TokenCounts {
+                requests: 2,
+                hits: 1,
+                prefetch_hits: 1,
+                flash_reads: 1
+            }
+        );
     }
 
     #[test]

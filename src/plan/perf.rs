@@ -396,8 +396,9 @@ pub fn kv_prediction(plan: &ExecPlan, n_past: usize, dram: u64, reuse: f64) -> K
             reuse: 0.0,
         });
     };
-    // Dense layers scan every page (pinned cache); the others select (LRU). The cache is
-    // shared in proportion to the layer counts.
+    // Dense layers scan every page and pin what they read; the others select (LRU). A pinned
+    // admission evicts LRU pages, so the dense layers' pages take the cache first and the
+    // selecting layers share the rest.
     let dense = sel.dense_layers.min(n_layers);
     let selecting = n_layers - dense;
     let candidates = pages.saturating_sub(1 + kv.select_window);
@@ -408,20 +409,21 @@ pub fn kv_prediction(plan: &ExecPlan, n_past: usize, dram: u64, reuse: f64) -> K
     } else {
         ((keep as u64 * away as u64).div_ceil(candidates as u64)) as u32
     };
-    let part = |layers: u32, select: Option<u32>, policy| {
+    let dense_cache = cache_pages.min(dense as u64 * away as u64);
+    let part = |layers: u32, select: Option<u32>, policy, cache_pages| {
         predict(&KvModelInput {
             n_layers: layers,
             page_bytes: kv.page_bytes,
             pages,
             home_pages: home,
             select,
-            cache_pages: cache_pages * layers as u64 / n_layers.max(1) as u64,
+            cache_pages,
             policy,
             reuse,
         })
     };
-    let d = part(dense, None, Policy::Pinned);
-    let s = part(selecting, Some(n_eff), Policy::Lru);
+    let d = part(dense, None, Policy::Pinned, dense_cache);
+    let s = part(selecting, Some(n_eff), Policy::Lru, cache_pages - dense_cache);
     let flash = d.flash_bytes_per_token + s.flash_bytes_per_token;
     let bytes = d.kv_bytes_per_token + s.kv_bytes_per_token;
     // The hit rate of the needed pages (wasted prefetches are in the flash bytes only).
