@@ -28,24 +28,7 @@
 // window): a key at position kp (from its page number) counts for a row at pos only when
 // pos - kp < window. Masked keys weigh exactly 0, whatever split they fall in.
 
-struct Params {
-    n_heads: u32,
-    n_kv_heads: u32,
-    head_dim: u32,
-    q_stride: u32,
-    kv_dim: u32,
-    page_tokens: u32,
-    page_elems: u32,
-    table_base: u32,
-    seq_stride: u32,
-    round_splits: u32,
-    o_stride: u32,
-    scale: f32,
-    softcap: f32,
-    window: u32,
-    _pad0: u32,
-    _pad1: u32,
-}
+#include "attention_params"
 
 @group(0) @binding(0) var<uniform> p: Params;
 #ifdef MERGE

@@ -50,9 +50,15 @@ struct Case {
     softcap: f32,
 }
 
-/// Run paged attention for `c` with pages placed by `seed` and `round_splits` splits per round;
-/// returns the output and the reference.
-fn attend(ctx: &GpuContext, c: &Case, seed: u64, round_splits: u32) -> (Vec<f32>, Vec<f32>) {
+/// Run paged attention for `c` with pages placed by `seed` and `round_splits` splits per round
+/// (`tiled`: the row-tiled prefill kernel); returns the output and the reference.
+fn attend(
+    ctx: &GpuContext,
+    c: &Case,
+    seed: u64,
+    round_splits: u32,
+    tiled: bool,
+) -> (Vec<f32>, Vec<f32>) {
     let mut rng = Rng(1000 + c.hd as u64 + c.page as u64);
     let n_keys = c.past + c.rows;
     let kv_dim = c.nkv * c.hd;
@@ -146,9 +152,15 @@ fn attend(ctx: &GpuContext, c: &Case, seed: u64, round_splits: u32) -> (Vec<f32>
         .unwrap();
     let ob = ctx.storage("o", (c.rows * c.nh * c.hd * 4) as u64).unwrap();
     let step = step_buffer(ctx, c.rows as u32);
+    let partial = if tiled {
+        kernels::attention_tiled(ctx, &step, &rb, &tb, &qb, &hb, &sb, &part, &ob, &shape)
+            .unwrap()
+            .expect("a head dim the tiled kernel takes")
+    } else {
+        kernels::attention_partial(ctx, &step, &rb, &tb, &qb, &hb, &sb, &part, &ob, &shape).unwrap()
+    };
     let d = [
-        kernels::attention_partial(ctx, &step, &rb, &tb, &qb, &hb, &sb, &part, &ob, &shape)
-            .unwrap(),
+        partial,
         kernels::attention_merge(ctx, &step, &tb, &part, &run, &ob, &shape).unwrap(),
     ];
     let total = (list.keys).div_ceil(ATTN_SPLIT_KEYS);
@@ -200,20 +212,23 @@ fn attend(ctx: &GpuContext, c: &Case, seed: u64, round_splits: u32) -> (Vec<f32>
 #[test]
 fn paged_attention_matches_reference_over_pages_pools_and_rounds() {
     let Some(mut ctx) = common::gpu() else { return };
-    // Both attention kernels: the workgroup one, and keys across the lanes of one subgroup
-    // where the device has 8-wide subgroups.
-    let variants: &[bool] = if ctx.subgroups8 {
+    // Every attention kernel: the workgroup one, keys across the lanes of one subgroup where
+    // the device has 8-wide subgroups, and the row-tiled prefill kernel at both tile widths
+    // (8 rows with lane kernels, 32 without).
+    let lane_modes: &[bool] = if ctx.subgroups8 {
         &[false, true]
     } else {
         &[false]
     };
-    for &lanes in variants {
+    for &lanes in lane_modes {
         ctx.lane_kernels = lanes;
-        attention_cases(&ctx, lanes);
+        for tiled in [false, true] {
+            attention_cases(&ctx, lanes, tiled);
+        }
     }
 }
 
-fn attention_cases(ctx: &GpuContext, lanes: bool) {
+fn attention_cases(ctx: &GpuContext, lanes: bool, tiled: bool) {
     let cases = [
         // Many splits: 1-token pages, two rounds of splits.
         (9, 3, 64, 1, 1100, 1, true),
@@ -223,6 +238,9 @@ fn attention_cases(ctx: &GpuContext, lanes: bool) {
         (2, 1, 128, 1024, 1600, 1, true),
         (3, 1, 17, 4, 9, 3, false),
         (3, 1, 18, 8, 600, 2, true),
+        // Rows across tiles of 8 and not filling the last one; a page of 7 tokens.
+        (9, 3, 64, 16, 1300, 13, true),
+        (4, 2, 40, 7, 530, 37, false),
     ];
     // Sliding windows (some reaching past a split, some inside one page) and soft-capping.
     let windowed = [
@@ -230,12 +248,17 @@ fn attention_cases(ctx: &GpuContext, lanes: bool) {
         (4, 2, 32, 1, 1100, 3, false, 600, 2.5),
         (3, 1, 18, 8, 40, 6, false, 4, 0.0),
         (2, 1, 64, 64, 700, 2, true, 100, 1.0),
+        (4, 2, 32, 1, 1100, 11, false, 600, 2.5),
+        (2, 2, 64, 8, 900, 19, true, 50, 0.0),
     ];
     let cases = cases
         .iter()
         .map(|&(a, b, c, d, e, f, g)| (a, b, c, d, e, f, g, 0, 0.0))
         .chain(windowed);
     for (nh, nkv, hd, page, past, rows, f16, window, softcap) in cases {
+        if tiled && !kernels::attention_tiles(hd as u32) {
+            continue;
+        }
         let c = Case {
             nh,
             nkv,
@@ -249,28 +272,40 @@ fn attention_cases(ctx: &GpuContext, lanes: bool) {
         };
         let splits_per_page = (page / ATTN_SPLIT_KEYS).max(1);
         let all = ((past + rows) as u32).div_ceil(ATTN_SPLIT_KEYS).max(1);
-        let (one, want) = attend(ctx, &c, 1, all.div_ceil(splits_per_page) * splits_per_page);
+        let (one, want) = attend(
+            ctx,
+            &c,
+            1,
+            all.div_ceil(splits_per_page) * splits_per_page,
+            tiled,
+        );
         for (i, (&g, &w)) in one.iter().zip(&want).enumerate() {
             assert!(
                 (g - w).abs() <= 1e-4 * w.abs().max(1.0),
-                "lanes={lanes} nh={nh} hd={hd} page={page} past={past} i={i}: {g} vs {w}"
+                "lanes={lanes} tiled={tiled} nh={nh} hd={hd} page={page} past={past} i={i}: {g} vs {w}"
             );
         }
         // Other pools, one split per round: the same bits.
-        let (many, _) = attend(ctx, &c, 2, splits_per_page);
-        let (same_pools, _) = attend(ctx, &c, 1, splits_per_page);
-        let (other_pools, _) = attend(ctx, &c, 2, all.div_ceil(splits_per_page) * splits_per_page);
+        let (many, _) = attend(ctx, &c, 2, splits_per_page, tiled);
+        let (same_pools, _) = attend(ctx, &c, 1, splits_per_page, tiled);
+        let (other_pools, _) = attend(
+            ctx,
+            &c,
+            2,
+            all.div_ceil(splits_per_page) * splits_per_page,
+            tiled,
+        );
         assert!(
             one == same_pools,
-            "nh={nh} hd={hd} page={page}: rounds changed the result"
+            "tiled={tiled} nh={nh} hd={hd} page={page}: rounds changed the result"
         );
         assert!(
             one == other_pools,
-            "nh={nh} hd={hd} page={page}: pools changed the result"
+            "tiled={tiled} nh={nh} hd={hd} page={page}: pools changed the result"
         );
         assert!(
             one == many,
-            "nh={nh} hd={hd} page={page}: rounds and pools changed the result"
+            "tiled={tiled} nh={nh} hd={hd} page={page}: rounds and pools changed the result"
         );
     }
 }

@@ -113,6 +113,9 @@ pub struct Lists {
     pub pre: Vec<Dispatch>,
     pub score: Option<Dispatch>,
     pub attn: Vec<Dispatch>,
+    /// The same with the row-tiled attention (prefill lists of a head dim that allows it;
+    /// else empty), for batches of one sequence.
+    pub attn_tiled: Vec<Dispatch>,
     pub post: Vec<Dispatch>,
 }
 
@@ -291,6 +294,26 @@ pub fn build_lists(
         )?,
         kernels::attention_merge(ctx, &b.step, &kvb.table, &b.part, &b.running, &b.att, shape)?,
     ];
+    let mut attn_tiled = Vec::new();
+    if tt > 1
+        && let Some(a) = kernels::attention_tiled(
+            ctx,
+            &b.step,
+            &b.rows,
+            &kvb.table,
+            &b.q,
+            &l.home,
+            &kvb.stream,
+            &b.part,
+            &b.att,
+            shape,
+        )?
+    {
+        attn_tiled.push(a);
+        attn_tiled.push(kernels::attention_merge(
+            ctx, &b.step, &kvb.table, &b.part, &b.running, &b.att, shape,
+        )?);
+    }
     // A residual add: fused into the product, or (post norms) through the norm.
     let residual = |post: &mut Vec<Dispatch>,
                     w: &GpuWeight,
@@ -393,6 +416,7 @@ pub fn build_lists(
         pre,
         score,
         attn,
+        attn_tiled,
         post,
     })
 }

@@ -393,12 +393,19 @@ impl Engine {
                 } else {
                     &self.prefill_lists[l]
                 };
+                // Prefill of one sequence: the row-tiled attention (its rows are in
+                // position order).
+                let attn = if !dl && single && !lists.attn_tiled.is_empty() {
+                    &lists.attn_tiled
+                } else {
+                    &lists.attn
+                };
                 // A lone round of one split writes the output itself: no merge.
                 let splits = w.round.splits.max(1);
                 let attn = if n_rounds == 1 && splits == 1 {
-                    &lists.attn[..1]
+                    &attn[..1]
                 } else {
-                    &lists.attn[..]
+                    &attn[..]
                 };
                 kernels::record_round_with(
                     &mut enc,

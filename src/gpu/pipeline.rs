@@ -47,6 +47,8 @@ fn built_in_source(name: &str) -> Option<&'static str> {
         "rope" => include_str!("../../shaders/rope.wgsl"),
         "rope_store" => include_str!("../../shaders/rope_store.wgsl"),
         "attention" => include_str!("../../shaders/attention.wgsl"),
+        "attention_params" => include_str!("../../shaders/attention_params.wgsl"),
+        "attention_tiled" => include_str!("../../shaders/attention_tiled.wgsl"),
         "elementwise" => include_str!("../../shaders/elementwise.wgsl"),
         "kv" => include_str!("../../shaders/kv.wgsl"),
         "roofline" => include_str!("../../shaders/roofline.wgsl"),

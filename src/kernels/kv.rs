@@ -180,6 +180,69 @@ pub fn attention_partial(
     Ok(d)
 }
 
+/// Whether [`attention_tiled`] takes a head dim (it reads K and V rows 8 values at a time).
+pub fn attention_tiles(head_dim: u32) -> bool {
+    head_dim.is_multiple_of(8)
+}
+
+/// Rows per workgroup of [`attention_tiled`]: one SIMD row of a CPU rasterizer, else a tile
+/// whose shared keys a GPU broadcasts from cache.
+pub fn attention_tile_rows(ctx: &GpuContext) -> u32 {
+    if ctx.lane_kernels { 8 } else { 32 }
+}
+
+/// [`attention_partial`] for a prefill batch of one sequence in position order: a workgroup
+/// per (head, tile of consecutive rows, split) reads each key once for the whole tile (grid
+/// (heads, ceil(rows / tile), round splits)). Same partials, same keys per row; the sums run
+/// in another order, so the results differ from [`attention_partial`]'s by rounding. `None`
+/// when the head dim is not a multiple of 8 (see [`attention_tiles`]).
+#[allow(clippy::too_many_arguments)]
+pub fn attention_tiled(
+    ctx: &GpuContext,
+    step: &wgpu::Buffer,
+    rows: &wgpu::Buffer,
+    table: &wgpu::Buffer,
+    q: &wgpu::Buffer,
+    home: &wgpu::Buffer,
+    stream: &wgpu::Buffer,
+    part: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+    s: &KvShape,
+) -> Result<Option<Dispatch>, KernelError> {
+    s.check("attention tiled")?;
+    if !attention_tiles(s.head_dim) {
+        return Ok(None);
+    }
+    let tile = attention_tile_rows(ctx);
+    let mut defines = Defines::new()
+        .val("HD8", format!("{}u", s.head_dim / 8))
+        .val("TILE", format!("{tile}u"));
+    if s.f16 {
+        defines = defines.flag("KV_F16");
+    }
+    if s.softcap > 0.0 {
+        defines = defines.flag("SOFTCAP");
+    }
+    if s.window > 0 {
+        defines = defines.flag("SWA");
+    }
+    let pipeline = ctx
+        .pipelines
+        .get(&ctx.device, "attention_tiled", "main_tiled", &defines)?;
+    let params = params_buffer(ctx, "attention params", &attn_params(s))?;
+    let mut d = make_dispatch(
+        ctx,
+        "attention tiled",
+        pipeline,
+        params,
+        &[step, rows, table, q, home, stream, part, out],
+        [s.n_heads, 1, s.round_splits.max(1)],
+        TokenAxis::Y(tile),
+    );
+    d.splits_z = true;
+    Ok(Some(d))
+}
+
 /// Fold a round's partials into the running state; after the last round write the output.
 #[allow(clippy::too_many_arguments)]
 pub fn attention_merge(

@@ -171,11 +171,7 @@ pub fn simulate(trace: &[Vec<(u32, u32)>], policy: Policy, capacity: u64) -> Sim
 /// (a look that neither counts nor touches); a request is then served by the prefetch (the
 /// cache untouched), else by the cache (a hit, touched), else read from flash and admitted
 /// after the layer's hits. Prefetched pages not requested were read for nothing.
-pub fn simulate_prefetching(
-    trace: &[Vec<(u32, u32)>],
-    policy: Policy,
-    capacity: u64,
-) -> SimResult {
+pub fn simulate_prefetching(trace: &[Vec<(u32, u32)>], policy: Policy, capacity: u64) -> SimResult {
     let mut cache = CacheSim::new(policy, capacity);
     let mut previous: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
     let mut per_token = Vec::with_capacity(trace.len());

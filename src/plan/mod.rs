@@ -391,7 +391,13 @@ impl ExecPlan {
                 + ROPE_STORE_PARAMS_BYTES
                 + 2 * ATTN_PARAMS_BYTES
                 + if select { KV_PARAMS_BYTES } else { 0 };
-            params += 2 * per_list + if select { KV_PARAMS_BYTES } else { 0 };
+            // The prefill list's row-tiled attention and its merge.
+            let tiled = if kernels::attention_tiles(cfg.head_dim as u32) {
+                2 * ATTN_PARAMS_BYTES
+            } else {
+                0
+            };
+            params += 2 * per_list + tiled + if select { KV_PARAMS_BYTES } else { 0 };
         }
         let head_resident_params = row + head.layout.parts.len() as u64 * mm;
         let head_stream_params = row + head.n_chunks as u64 * mm;

@@ -423,7 +423,12 @@ pub fn kv_prediction(plan: &ExecPlan, n_past: usize, dram: u64, reuse: f64) -> K
         })
     };
     let d = part(dense, None, Policy::Pinned, dense_cache);
-    let s = part(selecting, Some(n_eff), Policy::Lru, cache_pages - dense_cache);
+    let s = part(
+        selecting,
+        Some(n_eff),
+        Policy::Lru,
+        cache_pages - dense_cache,
+    );
     let flash = d.flash_bytes_per_token + s.flash_bytes_per_token;
     let bytes = d.kv_bytes_per_token + s.kv_bytes_per_token;
     // The hit rate of the needed pages (wasted prefetches are in the flash bytes only).

@@ -1,0 +1,198 @@
+// Prefill attention over the paged KV cache (see attention.wgsl for the page pools, the page
+// table and the partial format), with the rows of a batch tiled: one workgroup of TILE lanes
+// per (head, tile of TILE consecutive rows, split of this round); lane i takes row
+// tile * TILE + i.
+//
+// The rows belong to one sequence in position order (the host uses this kernel only for
+// batches of one sequence), so the tile's keys are those its last row scans. They are read in
+// order at addresses every lane shares, a K or V row in HD8 loads of 8 values (a CPU rasterizer
+// turns a lane's load into scalar loads, so fewer and wider loads are what counts; a GPU
+// broadcasts shared addresses from cache). Each lane scores the keys against its own query,
+// masks those past its own position (or outside its window) and keeps its own online softmax,
+// rescaled once per chunk of CH keys. Chunks are aligned to the split start, never to pages,
+// so the sums are the same for any page size and any mix of home and streamed pages. A row's
+// keys and partials are those of attention.wgsl's `main`: split z covers
+// [split * SPLIT, min(split * SPLIT + SPLIT, scan)) of the row's own scan, and the results
+// differ from `main`'s only by rounding.
+//
+// Defines: HD8 = head_dim / 8; TILE; KV_F16 (pools of f16 pairs packed in u32 words, else
+// f32); SOFTCAP; SWA.
+
+#include "attention_params"
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(2) var<storage, read> rows: array<vec4<u32>>;
+@group(0) @binding(3) var<storage, read> table: array<u32>;
+@group(0) @binding(4) var<storage, read> q4: array<vec4<f32>>;
+#ifdef KV_F16
+@group(0) @binding(5) var<storage, read> home: array<vec4<u32>>;
+@group(0) @binding(6) var<storage, read> strm: array<vec4<u32>>;
+#else
+@group(0) @binding(5) var<storage, read> home: array<vec4<f32>>;
+@group(0) @binding(6) var<storage, read> strm: array<vec4<f32>>;
+#endif
+@group(0) @binding(7) var<storage, read_write> part: array<f32>;
+@group(0) @binding(8) var<storage, read_write> o: array<f32>;
+
+const SPLIT: u32 = 512u;
+const STREAM: u32 = 0x80000000u;
+const CH: u32 = 8u;
+
+// tanh that cannot overflow.
+fn tanh_s(x: f32) -> f32 {
+    let e = exp(-2.0 * abs(x));
+    return sign(x) * (1.0 - e) / (1.0 + e);
+}
+
+// The 8 values at element `e` (a multiple of 8; bit 31 selects the stream pool) as two vec4s.
+fn kv8_at(e: u32) -> array<vec4<f32>, 2> {
+    let i = e & ~STREAM;
+#ifdef KV_F16
+    var w: vec4<u32>;
+    if ((e & STREAM) != 0u) {
+        w = strm[i >> 3u];
+    } else {
+        w = home[i >> 3u];
+    }
+    return array<vec4<f32>, 2>(
+        vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y)),
+        vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w)),
+    );
+#else
+    let a = i >> 2u;
+    if ((e & STREAM) != 0u) {
+        return array<vec4<f32>, 2>(strm[a], strm[a + 1u]);
+    }
+    return array<vec4<f32>, 2>(home[a], home[a + 1u]);
+#endif
+}
+
+// The K base (element index with the pool bit) of KV head `kvh` in the page of list entry `e`.
+fn page_base(e: u32, kvh: u32) -> u32 {
+    let slot = table[e + 1u];
+    return ((slot & ~STREAM) * p.page_elems + kvh * p.head_dim) | (slot & STREAM);
+}
+
+@compute @workgroup_size(TILE)
+fn main_tiled(@builtin(local_invocation_index) lane: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let n = step.n_tokens;
+    let t0 = wid.y * TILE;
+    let z = wid.z;
+    if (t0 >= n || z >= table[p.table_base + 2u]) {
+        return;
+    }
+    let h = wid.x;
+    let hd = p.head_dim;
+    let kvh = h / (p.n_heads / p.n_kv_heads);
+    let sb = p.table_base + 4u + rows[t0].x * p.seq_stride;
+    let list_keys = table[sb + 1u];
+    let kbase = table[sb + 2u];
+    let lo = (table[p.table_base] + z) * SPLIT;
+    let last = rows[min(t0 + TILE, n) - 1u];
+    let hi = min(lo + SPLIT, min(list_keys, select(0u, last.y + 1u - kbase, last.y + 1u > kbase)));
+    let live = t0 + lane < n;
+    let t = min(t0 + lane, n - 1u);
+    let row = rows[t];
+    let scan = min(list_keys, select(0u, row.y + 1u - kbase, row.y + 1u > kbase));
+    let k1 = min(lo + SPLIT, scan);
+    let qb4 = (t * p.q_stride + h * hd) >> 2u;
+    var qv: array<vec4<f32>, 2 * HD8>;
+    for (var d4 = 0u; d4 < 2u * HD8; d4++) {
+        qv[d4] = q4[qb4 + d4];
+    }
+    var m = -1.0e30;
+    var l = 0.0;
+    var acc: array<vec4<f32>, 2 * HD8>;
+    let vofs = p.page_tokens * p.kv_dim;
+    // The key cursor: page list entry `pe`, row `r` in it, that page's K base.
+    var pe = lo / p.page_tokens;
+    var r = lo - pe * p.page_tokens;
+    var pbase = page_base(sb + 4u + 2u * pe, kvh);
+#ifdef SWA
+    var ppos = table[sb + 4u + 2u * pe] * p.page_tokens;
+#endif
+    for (var c0 = lo; c0 < hi; c0 += CH) {
+        let cn = min(CH, hi - c0);
+        var sv: array<f32, CH>;
+        var kbs: array<u32, CH>;
+        var valid = 0u;
+        var cmax = m;
+        for (var i = 0u; i < CH; i++) {
+            if (i < cn) {
+                let jj = c0 + i;
+                let kb = pbase + r * p.kv_dim;
+                kbs[i] = kb;
+                var dotv = 0.0;
+                for (var d8 = 0u; d8 < HD8; d8++) {
+                    let k = kv8_at(kb + 8u * d8);
+                    dotv += dot(qv[2u * d8], k[0]) + dot(qv[2u * d8 + 1u], k[1]);
+                }
+                var s = dotv * p.scale;
+#ifdef SOFTCAP
+                s = p.softcap * tanh_s(s / p.softcap);
+#endif
+                var ok = jj < k1;
+#ifdef SWA
+                let kpos = ppos + r;
+                ok = ok && (row.y < kpos || row.y - kpos < p.window);
+#endif
+                sv[i] = s;
+                if (ok) {
+                    valid |= 1u << i;
+                    cmax = max(cmax, s);
+                }
+                // Advance; a new page's entry is read only when a key follows.
+                r += 1u;
+                if (r == p.page_tokens && jj + 1u < hi) {
+                    r = 0u;
+                    pe += 1u;
+                    pbase = page_base(sb + 4u + 2u * pe, kvh);
+#ifdef SWA
+                    ppos = table[sb + 4u + 2u * pe] * p.page_tokens;
+#endif
+                }
+            }
+        }
+        let alpha = exp(m - cmax);
+        l *= alpha;
+        for (var d4 = 0u; d4 < 2u * HD8; d4++) {
+            acc[d4] *= alpha;
+        }
+        for (var i = 0u; i < CH; i++) {
+            if (i < cn) {
+                let ok = (valid & (1u << i)) != 0u;
+                let pj = select(0.0, exp(sv[i] - cmax), ok);
+                l += pj;
+                let vb = kbs[i] + vofs;
+                for (var d8 = 0u; d8 < HD8; d8++) {
+                    let v = kv8_at(vb + 8u * d8);
+                    acc[2u * d8] += select(vec4<f32>(0.0), pj * v[0], ok);
+                    acc[2u * d8 + 1u] += select(vec4<f32>(0.0), pj * v[1], ok);
+                }
+            }
+        }
+        m = cmax;
+    }
+    if (!live) {
+        return;
+    }
+    let pb = ((t * p.n_heads + h) * p.round_splits + z) * (hd + 2u);
+    let only = table[p.table_base + 1u] == 3u && table[p.table_base + 2u] == 1u;
+    for (var d4 = 0u; d4 < 2u * HD8; d4++) {
+        let a = acc[d4];
+        let d = 4u * d4;
+        part[pb + d] = a.x;
+        part[pb + d + 1u] = a.y;
+        part[pb + d + 2u] = a.z;
+        part[pb + d + 3u] = a.w;
+        if (only) {
+            let ob = t * p.o_stride + h * hd + d;
+            o[ob] = a.x / l;
+            o[ob + 1u] = a.y / l;
+            o[ob + 2u] = a.z / l;
+            o[ob + 3u] = a.w / l;
+        }
+    }
+    part[pb + hd] = m;
+    part[pb + hd + 1u] = l;
+}
