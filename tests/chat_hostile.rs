@@ -188,6 +188,64 @@ fn deeply_nested_values_stay_cheap() {
             Err(e) => panic!("{expr}: {e}"),
         }
     }
-    let err = render(&format!("{deep}{{{{ ns.x|pprint }}}}")).unwrap_err();
+    // pprint is gone (it indents its whole text without paying fuel).
+    let err = render("{{ [[[1]]]|pprint }}").unwrap_err();
     assert!(err.to_string().contains("pprint"), "{err}");
+}
+
+#[test]
+fn a_namespace_cannot_contain_itself() {
+    // Each would make a namespace reach itself; printing, comparing, serializing or hashing
+    // it would then recurse until the stack overflows and the process aborts.
+    let ns = "{% set ns = namespace(a=1) %}{% set o = namespace() %}";
+    for (set, use_) in [
+        ("{% set ns.n = ns %}", "{{ ns }}"),
+        ("{% set ns.n = [ns] %}", "{{ ns ~ '' }}"),
+        ("{% set ns.n = [1, [ns]]|reverse %}", "{{ ns|tojson }}"),
+        ("{% set ns.n = dict(k=ns) %}", "{{ ns == ns }}"),
+        ("{% set o.x = ns %}{% set ns.y = [o] %}", "{{ {ns: 1} }}"),
+        (
+            "{% set ns.k = namespace() %}{% set ns.k.z = ns %}",
+            "{{ [ns, ns]|sort }}",
+        ),
+        ("{%- set a, ns.b = 1, ns -%}", "{{ ns|string }}"),
+        (
+            "{% for m in [ns] %}{% set ns.m = [m]|select %}{% endfor %}",
+            "{{ ns }}",
+        ),
+    ] {
+        let src = format!("{ns}{set}{use_}");
+        match render(&src) {
+            Err(ChatError::Render(e)) => {
+                assert!(e.to_string().contains("contain itself"), "{src:?}: {e}")
+            }
+            other => panic!("{src:?}: expected a render error, got {other:?}"),
+        }
+    }
+    // Namespaces holding other values, or other namespaces without a way back, still work.
+    let ok = format!(
+        "{ns}{{% set ns.flag = true %}}{{% set ns.s = 'x' ~ ns.a %}}{{% set o.inner = ns %}}\
+         {{% set ns.t %}}text{{% endset %}}{{% set ns.p, ns.q = 1, 2 %}}\
+         {{{{ ns.flag }}}} {{{{ ns.s }}}} {{{{ o.inner.t }}}} {{{{ ns.p + ns.q }}}}"
+    );
+    assert_eq!(render(&ok).unwrap(), "True x1 text 3");
+}
+
+#[test]
+fn the_fuzzer_input_that_overflowed_the_stack_is_a_typed_error() {
+    // The chat_template fuzz target's input format: a flags byte, then the template and the
+    // messages, NUL-separated. This one sets `ns.n = ns` in a loop and prints it.
+    let data = std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/chat/fuzz-cyclic-namespace.bin"
+    ))
+    .unwrap();
+    let text = String::from_utf8_lossy(&data[1..]).into_owned();
+    let mut parts = text.split('\u{0}');
+    let t = ChatTemplate::new(parts.next().unwrap(), "<s>", "</s>").unwrap();
+    let messages: Vec<ChatMessage> = parts.map(ChatMessage::user).collect();
+    match t.render_here(&messages, data[0] & 1 == 1) {
+        Err(ChatError::Render(e)) => assert!(e.to_string().contains("contain itself"), "{e}"),
+        other => panic!("expected a render error, got {other:?}"),
+    }
 }

@@ -13,6 +13,9 @@
 //!   the bytes created (loops, string repetition, concatenation, `replace`, ...), and a
 //!   recursion limit ([`RECURSION_LIMIT`]); going past either fails with a typed error;
 //! - the template source is at most [`MAX_TEMPLATE_BYTES`];
+//! - a namespace cannot be made to contain itself (which minijinja would walk without end
+//!   wherever the value is printed, compared or serialized): every `{% set ns.attr = value %}`
+//!   checks that `value` does not lead back to `ns` (see `acyclic`);
 //! - fuel is charged per instruction, so one filter applied to a value built cheaply (a list
 //!   holding itself twice, doubled thirty times, printed or serialized) can still take
 //!   unbounded time and memory: `flashlm chat` and `serve` therefore render in a [`Sandbox`],
@@ -29,6 +32,7 @@ use thiserror::Error;
 
 use crate::gguf::{GgufError, GgufFile};
 
+mod acyclic;
 mod methods;
 pub mod sandbox;
 
@@ -186,10 +190,12 @@ impl ChatTemplate {
             .lstrip_blocks(true)
             .build()
             .map_err(ChatError::Syntax)?;
+        let guarded = acyclic::guard_assignments(&source, syntax.clone());
         env.set_syntax(syntax);
         env.add_function("raise_exception", raise_exception);
+        env.add_function(acyclic::GUARD, acyclic::acyclic);
         env.set_unknown_method_callback(python_method);
-        env.add_template_owned(TEMPLATE_NAME, source.clone())
+        env.add_template_owned(TEMPLATE_NAME, guarded)
             .map_err(ChatError::Syntax)?;
         Ok(ChatTemplate {
             env: Mutex::new(env),
@@ -312,6 +318,7 @@ impl ChatTemplate {
         let mut env = self.env.lock().unwrap_or_else(|e| e.into_inner());
         env.set_fuel(Some(fuel));
         let template = env.get_template(TEMPLATE_NAME).map_err(ChatError::Render)?;
+        acyclic::start_render();
         template
             .render(Value::from(ctx))
             .map_err(|e| render_error(e, fuel))
