@@ -43,6 +43,7 @@ fn calibration(direct_gb_s: f64, mmap_gb_s: f64) -> Calibration {
         prefill_gb_s: [("Q8_0".to_string(), 4.0)].into(),
         dispatch_s: 20e-6,
         attn_gb_s: 1.0,
+        prefill_attn_gb_s: 0.0,
         overlap_beta: 0.3,
         device: None,
     }
@@ -286,6 +287,7 @@ fn token_work_of_a_real_plan_matches_hand_numbers() {
         prefill_gb_s: [("Q8_0".to_string(), 4.0)].into(),
         dispatch_s: 20e-6,
         attn_gb_s: 1.0,
+        prefill_attn_gb_s: 0.0,
         overlap_beta: 0.3,
         device: None,
     };

@@ -94,8 +94,14 @@ fn matmul_rates(ctx: &GpuContext, ty: GgmlType, rows: u32, cols: u32) -> BenchRe
     Ok((decode, prefill))
 }
 
-/// KV bytes per second of the attention kernel over `keys` keys (decode, all heads).
-fn attention_rate(ctx: &GpuContext, cfg: &crate::model::config::ModelConfig) -> BenchResult<f64> {
+/// KV bytes per second of attention over 2048 keys, all heads: `rows` = 1 is a decode step;
+/// more rows are a prefill batch of one sequence ending at the last key (the row-tiled kernel
+/// where the head dim allows), each row counting the keys it attends.
+fn attention_rate(
+    ctx: &GpuContext,
+    cfg: &crate::model::config::ModelConfig,
+    rows: u32,
+) -> BenchResult<f64> {
     let keys = 2048u32;
     let page = 64u32;
     let kv_dim = (cfg.n_kv_heads * cfg.head_dim) as u32;
@@ -116,8 +122,10 @@ fn attention_rate(ctx: &GpuContext, cfg: &crate::model::config::ModelConfig) -> 
     let page_bytes = 2 * page as u64 * kv_dim as u64 * 2;
     let pool = ctx.storage("pool", pages as u64 * page_bytes)?;
     let stream = ctx.storage("stream", 16)?;
-    let q = ctx.storage("q", (cfg.n_heads * cfg.head_dim * 4) as u64)?;
-    let rows = ctx.storage_with("rows", bytemuck::cast_slice(&[0u32, keys - 1, 0, 0]))?;
+    let q = ctx.storage("q", (rows * cfg.n_heads as u32 * cfg.head_dim as u32 * 4) as u64)?;
+    let row_words: Vec<u32> = (0..rows).flat_map(|t| [0u32, keys - rows + t, 0, 0]).collect();
+    let n_rows = rows;
+    let rows = ctx.storage_with("rows", bytemuck::cast_slice(&row_words))?;
     let mut table = vec![
         0u32,
         3,
@@ -133,22 +141,37 @@ fn attention_rate(ctx: &GpuContext, cfg: &crate::model::config::ModelConfig) -> 
     }
     let tb = ctx.storage_with("table", bytemuck::cast_slice(&table))?;
     let hd2 = (cfg.head_dim + 2) as u64;
-    let part = ctx.storage(
-        "part",
-        cfg.n_heads as u64 * shape.round_splits as u64 * hd2 * 4,
+    let per_row = cfg.n_heads as u64 * hd2 * 4;
+    let part = ctx.storage("part", n_rows as u64 * shape.round_splits as u64 * per_row)?;
+    let run = ctx.storage("run", n_rows as u64 * per_row)?;
+    let out = ctx.storage(
+        "out",
+        (n_rows * cfg.n_heads as u32 * cfg.head_dim as u32 * 4) as u64,
     )?;
-    let run = ctx.storage("run", cfg.n_heads as u64 * hd2 * 4)?;
-    let out = ctx.storage("out", (cfg.n_heads * cfg.head_dim * 4) as u64)?;
-    let s1 = step(ctx, 1)?;
-    let list = vec![
-        kernels::attention_partial(
-            ctx, &s1, &rows, &tb, &q, &pool, &stream, &part, &out, &shape,
+    let s = step(ctx, n_rows)?;
+    let tiled = if n_rows > 1 {
+        kernels::attention_tiled(ctx, &s, &rows, &tb, &q, &pool, &stream, &part, &out, &shape)?
+    } else {
+        None
+    };
+    let partial = match tiled {
+        Some(d) => d,
+        None => kernels::attention_partial(
+            ctx, &s, &rows, &tb, &q, &pool, &stream, &part, &out, &shape,
         )?,
-        kernels::attention_merge(ctx, &s1, &tb, &part, &run, &out, &shape)?,
+    };
+    let list = vec![
+        partial,
+        kernels::attention_merge(ctx, &s, &tb, &part, &run, &out, &shape)?,
     ];
-    let t = time_list(ctx, &list, 1, 16)?;
-    let bytes = keys as f64 * kv_dim as f64 * 2.0 * 2.0;
-    Ok(bytes * 16.0 / t / 1e9)
+    let reps = if n_rows > 1 { 2 } else { 16 };
+    let t = time_list(ctx, &list, n_rows, reps)?;
+    // Row t attends keys 0 ..= keys - rows + t.
+    let attended: u64 = (0..n_rows as u64)
+        .map(|t| (keys - n_rows) as u64 + t + 1)
+        .sum();
+    let bytes = attended as f64 * kv_dim as f64 * 2.0 * 2.0;
+    Ok(bytes * reps as f64 / t / 1e9)
 }
 
 /// Measure everything; `model` supplies the shapes and the file to read.
@@ -220,9 +243,10 @@ pub fn run(model: &LoadedModel, gpu: &GpuOptions) -> BenchResult<Calibration> {
     let b = ctx.storage("b", 16)?;
     let empty = vec![kernels::empty_dispatch(&ctx, &s, &a, &b)?];
     let dispatch_s = time_list(&ctx, &empty, 1, 2000)? / 2000.0;
-    let attn_gb_s = attention_rate(&ctx, &model.cfg)?;
+    let attn_gb_s = attention_rate(&ctx, &model.cfg, 1)?;
+    let prefill_attn_gb_s = attention_rate(&ctx, &model.cfg, 64)?;
     eprintln!(
-        "dispatch {:.1} µs, attention {attn_gb_s:.2} GB/s of KV",
+        "dispatch {:.1} µs, attention {attn_gb_s:.2} GB/s of KV (decode), {prefill_attn_gb_s:.2} GB/s over the rows of a 64-row prefill",
         dispatch_s * 1e6
     );
     drop(ctx);
@@ -235,6 +259,7 @@ pub fn run(model: &LoadedModel, gpu: &GpuOptions) -> BenchResult<Calibration> {
         prefill_gb_s,
         dispatch_s,
         attn_gb_s,
+        prefill_attn_gb_s,
         overlap_beta: 0.0,
         device: None,
     };

@@ -40,8 +40,13 @@ pub struct Calibration {
     pub prefill_gb_s: BTreeMap<String, f64>,
     /// Seconds per dispatch (launch cost).
     pub dispatch_s: f64,
-    /// Attention: KV bytes read per second.
+    /// Attention: KV bytes read per second (decode: one row).
     pub attn_gb_s: f64,
+    /// Prefill attention: KV bytes per second summed over a batch's rows (each row counts the
+    /// keys it attends; the row-tiled kernel reads them once per tile). 0 in profiles from
+    /// before it was measured: `attn_gb_s` stands in.
+    #[serde(default)]
+    pub prefill_attn_gb_s: f64,
     /// Overlap of compute and I/O in the pipeline (0 perfect, 1 none).
     pub overlap_beta: f64,
     /// What the calibrated device does that changes the plan (None in profiles from before
@@ -73,6 +78,15 @@ impl Calibration {
     /// Where calibration profiles live.
     pub fn path() -> PathBuf {
         crate::paths::cache_dir().join("calibration.json")
+    }
+
+    /// The prefill attention rate (the decode one where the profile has none).
+    pub fn prefill_attn(&self) -> f64 {
+        if self.prefill_attn_gb_s > 0.0 {
+            self.prefill_attn_gb_s
+        } else {
+            self.attn_gb_s
+        }
     }
 
     pub fn load(path: &Path) -> Result<Self, String> {
@@ -119,9 +133,10 @@ impl Calibration {
             ));
         }
         s.push_str(&format!(
-            "| dispatch | {:.1} µs each |\n| attention | {:.3} GB/s of KV |\n| unhidden share of the overlap (β) | {:.2} |\n",
+            "| dispatch | {:.1} µs each |\n| attention, decode | {:.3} GB/s of KV |\n| attention, prefill | {:.3} GB/s of KV over the rows |\n| unhidden share of the overlap (β) | {:.2} |\n",
             self.dispatch_s * 1e6,
             self.attn_gb_s,
+            self.prefill_attn(),
             self.overlap_beta
         ));
         if let Some(d) = self.device {
@@ -339,7 +354,7 @@ pub fn predict_prefill(c: &Calibration, w: &TokenWork, past: usize, n: usize, ba
         + (w.weight_upload_bytes as f64 - w.head.streamed_bytes as f64 * upload_share).max(0.0)
             / up;
     let beta = c.overlap_beta.clamp(0.0, 1.0);
-    let attn = w.kv_bytes_per_key as f64 / (c.attn_gb_s.max(1e-6) * 1e9);
+    let attn = w.kv_bytes_per_key as f64 / (c.prefill_attn().max(1e-6) * 1e9);
     let mut total = 0.0;
     let mut left = n;
     let mut before = past as f64;
@@ -623,6 +638,7 @@ mod tests {
             prefill_gb_s: [("Q4_1".to_string(), 8.0)].into(),
             dispatch_s: 20e-6,
             attn_gb_s: 4.0,
+            prefill_attn_gb_s: 0.0,
             overlap_beta: 0.25,
             device: None,
         }
