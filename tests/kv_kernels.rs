@@ -152,12 +152,22 @@ fn attend(
         .unwrap();
     let ob = ctx.storage("o", (c.rows * c.nh * c.hd * 4) as u64).unwrap();
     let step = step_buffer(ctx, c.rows as u32);
+    let bufs = kernels::AttnBuffers {
+        step: &step,
+        rows: &rb,
+        table: &tb,
+        q: &qb,
+        home: &hb,
+        stream: &sb,
+        part: &part,
+        out: &ob,
+    };
     let partial = if tiled {
-        kernels::attention_tiled(ctx, &step, &rb, &tb, &qb, &hb, &sb, &part, &ob, &shape)
+        kernels::attention_tiled(ctx, &bufs, &shape)
             .unwrap()
             .expect("a head dim the tiled kernel takes")
     } else {
-        kernels::attention_partial(ctx, &step, &rb, &tb, &qb, &hb, &sb, &part, &ob, &shape).unwrap()
+        kernels::attention_partial(ctx, &bufs, &shape).unwrap()
     };
     let d = [
         partial,

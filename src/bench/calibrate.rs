@@ -122,8 +122,13 @@ fn attention_rate(
     let page_bytes = 2 * page as u64 * kv_dim as u64 * 2;
     let pool = ctx.storage("pool", pages as u64 * page_bytes)?;
     let stream = ctx.storage("stream", 16)?;
-    let q = ctx.storage("q", (rows * cfg.n_heads as u32 * cfg.head_dim as u32 * 4) as u64)?;
-    let row_words: Vec<u32> = (0..rows).flat_map(|t| [0u32, keys - rows + t, 0, 0]).collect();
+    let q = ctx.storage(
+        "q",
+        (rows * cfg.n_heads as u32 * cfg.head_dim as u32 * 4) as u64,
+    )?;
+    let row_words: Vec<u32> = (0..rows)
+        .flat_map(|t| [0u32, keys - rows + t, 0, 0])
+        .collect();
     let n_rows = rows;
     let rows = ctx.storage_with("rows", bytemuck::cast_slice(&row_words))?;
     let mut table = vec![
@@ -149,16 +154,24 @@ fn attention_rate(
         (n_rows * cfg.n_heads as u32 * cfg.head_dim as u32 * 4) as u64,
     )?;
     let s = step(ctx, n_rows)?;
+    let bufs = kernels::AttnBuffers {
+        step: &s,
+        rows: &rows,
+        table: &tb,
+        q: &q,
+        home: &pool,
+        stream: &stream,
+        part: &part,
+        out: &out,
+    };
     let tiled = if n_rows > 1 {
-        kernels::attention_tiled(ctx, &s, &rows, &tb, &q, &pool, &stream, &part, &out, &shape)?
+        kernels::attention_tiled(ctx, &bufs, &shape)?
     } else {
         None
     };
     let partial = match tiled {
         Some(d) => d,
-        None => kernels::attention_partial(
-            ctx, &s, &rows, &tb, &q, &pool, &stream, &part, &out, &shape,
-        )?,
+        None => kernels::attention_partial(ctx, &bufs, &shape)?,
     };
     let list = vec![
         partial,

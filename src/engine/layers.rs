@@ -279,40 +279,25 @@ pub fn build_lists(
             )?);
         }
     }
-    let attn = vec![
-        kernels::attention_partial(
-            ctx,
-            &b.step,
-            &b.rows,
-            &kvb.table,
-            &b.q,
-            &l.home,
-            &kvb.stream,
-            &b.part,
-            &b.att,
-            shape,
-        )?,
-        kernels::attention_merge(ctx, &b.step, &kvb.table, &b.part, &b.running, &b.att, shape)?,
-    ];
+    // The split attention, and (prefill lists) the row-tiled one, each with its merge.
+    let merge =
+        || kernels::attention_merge(ctx, &b.step, &kvb.table, &b.part, &b.running, &b.att, shape);
+    let bufs = kernels::AttnBuffers {
+        step: &b.step,
+        rows: &b.rows,
+        table: &kvb.table,
+        q: &b.q,
+        home: &l.home,
+        stream: &kvb.stream,
+        part: &b.part,
+        out: &b.att,
+    };
+    let attn = vec![kernels::attention_partial(ctx, &bufs, shape)?, merge()?];
     let mut attn_tiled = Vec::new();
     if tt > 1
-        && let Some(a) = kernels::attention_tiled(
-            ctx,
-            &b.step,
-            &b.rows,
-            &kvb.table,
-            &b.q,
-            &l.home,
-            &kvb.stream,
-            &b.part,
-            &b.att,
-            shape,
-        )?
+        && let Some(a) = kernels::attention_tiled(ctx, &bufs, shape)?
     {
-        attn_tiled.push(a);
-        attn_tiled.push(kernels::attention_merge(
-            ctx, &b.step, &kvb.table, &b.part, &b.running, &b.att, shape,
-        )?);
+        attn_tiled = vec![a, merge()?];
     }
     // A residual add: fused into the product, or (post norms) through the norm.
     let residual = |post: &mut Vec<Dispatch>,

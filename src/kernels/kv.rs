@@ -135,21 +135,44 @@ fn merge_defines(s: &KvShape) -> Defines {
     d
 }
 
+/// The buffers the split-wise attention kernels bind: the step, the rows' (sequence,
+/// position), the page table, Q, the layer's home pool, the stream pool, the partials and the
+/// output.
+#[derive(Clone, Copy)]
+pub struct AttnBuffers<'a> {
+    pub step: &'a wgpu::Buffer,
+    pub rows: &'a wgpu::Buffer,
+    pub table: &'a wgpu::Buffer,
+    pub q: &'a wgpu::Buffer,
+    pub home: &'a wgpu::Buffer,
+    pub stream: &'a wgpu::Buffer,
+    pub part: &'a wgpu::Buffer,
+    pub out: &'a wgpu::Buffer,
+}
+
+impl<'a> AttnBuffers<'a> {
+    /// In binding order (bindings 1 to 8).
+    fn list(&self) -> [&'a wgpu::Buffer; 8] {
+        [
+            self.step,
+            self.rows,
+            self.table,
+            self.q,
+            self.home,
+            self.stream,
+            self.part,
+            self.out,
+        ]
+    }
+}
+
 /// Partial attention of the batch's rows over this round's splits of their page lists: grid
 /// (heads, rows, round splits; recorded with the round's own split count); results go to
 /// `part`. A round that is the only one and has one split also writes the rows' outputs to
 /// `out`, so its merge can be left out (running it anyway writes the same values).
-#[allow(clippy::too_many_arguments)]
 pub fn attention_partial(
     ctx: &GpuContext,
-    step: &wgpu::Buffer,
-    rows: &wgpu::Buffer,
-    table: &wgpu::Buffer,
-    q: &wgpu::Buffer,
-    home: &wgpu::Buffer,
-    stream: &wgpu::Buffer,
-    part: &wgpu::Buffer,
-    out: &wgpu::Buffer,
+    b: &AttnBuffers<'_>,
     s: &KvShape,
 ) -> Result<Dispatch, KernelError> {
     s.check("attention")?;
@@ -166,15 +189,27 @@ pub fn attention_partial(
     let pipeline = ctx
         .pipelines
         .get(&ctx.device, "attention", entry, &defines)?;
+    split_dispatch(ctx, "attention", pipeline, s, &b.list(), 1)
+}
+
+/// A split-wise attention dispatch: grid (heads, ceil(rows / tile), round splits).
+fn split_dispatch(
+    ctx: &GpuContext,
+    label: &'static str,
+    pipeline: std::sync::Arc<wgpu::ComputePipeline>,
+    s: &KvShape,
+    buffers: &[&wgpu::Buffer],
+    tile: u32,
+) -> Result<Dispatch, KernelError> {
     let params = params_buffer(ctx, "attention params", &attn_params(s))?;
     let mut d = make_dispatch(
         ctx,
-        "attention",
+        label,
         pipeline,
         params,
-        &[step, rows, table, q, home, stream, part, out],
+        buffers,
         [s.n_heads, 1, s.round_splits.max(1)],
-        TokenAxis::Y(1),
+        TokenAxis::Y(tile),
     );
     d.splits_z = true;
     Ok(d)
@@ -196,17 +231,9 @@ pub fn attention_tile_rows(ctx: &GpuContext) -> u32 {
 /// (heads, ceil(rows / tile), round splits)). Same partials, same keys per row; the sums run
 /// in another order, so the results differ from [`attention_partial`]'s by rounding. `None`
 /// when the head dim is not a multiple of 8 (see [`attention_tiles`]).
-#[allow(clippy::too_many_arguments)]
 pub fn attention_tiled(
     ctx: &GpuContext,
-    step: &wgpu::Buffer,
-    rows: &wgpu::Buffer,
-    table: &wgpu::Buffer,
-    q: &wgpu::Buffer,
-    home: &wgpu::Buffer,
-    stream: &wgpu::Buffer,
-    part: &wgpu::Buffer,
-    out: &wgpu::Buffer,
+    b: &AttnBuffers<'_>,
     s: &KvShape,
 ) -> Result<Option<Dispatch>, KernelError> {
     s.check("attention tiled")?;
@@ -214,33 +241,13 @@ pub fn attention_tiled(
         return Ok(None);
     }
     let tile = attention_tile_rows(ctx);
-    let mut defines = Defines::new()
+    let defines = attn_defines(s)
         .val("HD8", format!("{}u", s.head_dim / 8))
         .val("TILE", format!("{tile}u"));
-    if s.f16 {
-        defines = defines.flag("KV_F16");
-    }
-    if s.softcap > 0.0 {
-        defines = defines.flag("SOFTCAP");
-    }
-    if s.window > 0 {
-        defines = defines.flag("SWA");
-    }
     let pipeline = ctx
         .pipelines
         .get(&ctx.device, "attention_tiled", "main_tiled", &defines)?;
-    let params = params_buffer(ctx, "attention params", &attn_params(s))?;
-    let mut d = make_dispatch(
-        ctx,
-        "attention tiled",
-        pipeline,
-        params,
-        &[step, rows, table, q, home, stream, part, out],
-        [s.n_heads, 1, s.round_splits.max(1)],
-        TokenAxis::Y(tile),
-    );
-    d.splits_z = true;
-    Ok(Some(d))
+    split_dispatch(ctx, "attention tiled", pipeline, s, &b.list(), tile).map(Some)
 }
 
 /// Fold a round's partials into the running state; after the last round write the output.
