@@ -231,20 +231,34 @@ fn a_namespace_cannot_contain_itself() {
     assert_eq!(render(&ok).unwrap(), "True x1 text 3");
 }
 
-#[test]
-fn the_fuzzer_input_that_overflowed_the_stack_is_a_typed_error() {
-    // The chat_template fuzz target's input format: a flags byte, then the template and the
-    // messages, NUL-separated. This one sets `ns.n = ns` in a loop and prints it.
-    let data = std::fs::read(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/chat/fuzz-cyclic-namespace.bin"
+/// A fixture in the chat_template fuzz target's input format: a flags byte, then the template
+/// and the messages, NUL-separated.
+fn fuzz_fixture(name: &str) -> (Result<ChatTemplate, ChatError>, Vec<ChatMessage>, bool) {
+    let data = std::fs::read(format!(
+        "{}/tests/fixtures/chat/{name}",
+        env!("CARGO_MANIFEST_DIR")
     ))
     .unwrap();
     let text = String::from_utf8_lossy(&data[1..]).into_owned();
     let mut parts = text.split('\u{0}');
-    let t = ChatTemplate::new(parts.next().unwrap(), "<s>", "</s>").unwrap();
-    let messages: Vec<ChatMessage> = parts.map(ChatMessage::user).collect();
-    match t.render_here(&messages, data[0] & 1 == 1) {
+    let t = ChatTemplate::new(parts.next().unwrap(), "<s>", "</s>");
+    (t, parts.map(ChatMessage::user).collect(), data[0] & 1 == 1)
+}
+
+#[test]
+fn a_set_with_a_stray_dot_is_a_syntax_error() {
+    // `{% set. snn = ... %}` made the assignment scan slice the source backwards (a panic the
+    // fuzzer found in the namespace guard).
+    let (t, _, _) = fuzz_fixture("fuzz-set-dot.bin");
+    assert!(matches!(t, Err(ChatError::Syntax(_))), "{t:?}");
+}
+
+#[test]
+fn the_fuzzer_input_that_overflowed_the_stack_is_a_typed_error() {
+    // It sets `ns.n = ns` in a loop and prints it.
+    let (t, messages, gen_prompt) = fuzz_fixture("fuzz-cyclic-namespace.bin");
+    let t = t.unwrap();
+    match t.render_here(&messages, gen_prompt) {
         Err(ChatError::Render(e)) => assert!(e.to_string().contains("contain itself"), "{e}"),
         other => panic!("expected a render error, got {other:?}"),
     }

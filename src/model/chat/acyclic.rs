@@ -90,7 +90,12 @@ pub fn guard_assignments(source: &str, syntax: SyntaxConfig) -> String {
     let mut out = String::with_capacity(source.len() + 64 * inserts.len());
     let mut at = 0;
     for (offset, text) in inserts {
-        out.push_str(&source[at..offset]);
+        // Offsets come from the lexer in source order; anything else leaves the source as it
+        // is (for the compiler to judge).
+        let Some(piece) = source.get(at..offset) else {
+            return source.to_string();
+        };
+        out.push_str(piece);
         out.push_str(&text);
         at = offset;
     }
@@ -105,8 +110,11 @@ fn dotted_objects(source: &str, targets: &[(Token<'_>, usize, usize)]) -> Vec<St
     let mut item_start: Option<usize> = None;
     let mut last_dot: Option<usize> = None;
     let mut flush = |item_start: &mut Option<usize>, last_dot: &mut Option<usize>| {
-        if let (Some(a), Some(d)) = (item_start.take(), last_dot.take()) {
-            out.push(source[a..d].to_string());
+        if let (Some(a), Some(d)) = (item_start.take(), last_dot.take())
+            && let Some(text) = source.get(a..d)
+            && !text.trim().is_empty()
+        {
+            out.push(text.to_string());
         }
     };
     for (tok, a, _) in targets {
@@ -114,7 +122,9 @@ fn dotted_objects(source: &str, targets: &[(Token<'_>, usize, usize)]) -> Vec<St
             Token::Comma | Token::ParenOpen | Token::ParenClose => {
                 flush(&mut item_start, &mut last_dot)
             }
-            Token::Dot => last_dot = Some(*a),
+            // A dot counts once the item has begun (`.a` is not a target the compiler takes).
+            Token::Dot if item_start.is_some() => last_dot = Some(*a),
+            Token::Dot => {}
             _ => {
                 if item_start.is_none() {
                     item_start = Some(*a);
@@ -272,6 +282,9 @@ mod tests {
             "{{ '{% set ns.a = ns %}' }}",
             "{# {% set ns.a = ns %} #}",
             "{% set ns.a = ",
+            "{% set .a = ns %}",
+            "{% set (.a).b = ns %}",
+            "{% set ., ns = 1 %}",
         ] {
             assert_eq!(guarded(same), same);
         }
