@@ -19,8 +19,11 @@
 // round, 2: last round), splits in this round, pages to score]; then per sequence (stride
 // `seq_stride` words): [list entries, list keys, key_base, 0, (page, slot) x max_pages].
 //
-// The grid's z covers this round's splits. A round that is both the first and the last and has
-// one split also writes acc / l to `o` (its merge is then left out).
+// The grid's z covers this round's splits. Partials are laid out split-major, (split of the
+// round, row, head), so the partial buffer holds any round of rows x splits up to its size: a
+// decode row's rounds can cover many more splits than a prefill batch's. A round that is both
+// the first and the last and has one split also writes acc / l to `o` (its merge is then left
+// out).
 //
 // Scores are q.k * scale. Defines: DPT = ceil(head_dim / WG) output dims per thread; VEC4
 // (head_dim a multiple of 4): Q and K are read as vec4s; KV_F16: the pools hold f16 pairs
@@ -126,7 +129,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     let split = table[p.table_base] + z;
     let k0 = min(split * SPLIT, scan);
     let k1 = min(k0 + SPLIT, scan);
-    let pb = ((t * p.n_heads + h) * p.round_splits + z) * (hd + 2u);
+    let pb = ((z * step.n_tokens + t) * p.n_heads + h) * (hd + 2u);
 #ifdef VEC4
     let qb4 = (t * p.q_stride + h * hd) >> 2u;
     for (var d4 = lid; d4 < hd / 4u; d4 += WG) {
@@ -267,7 +270,7 @@ fn main_lanes(@builtin(subgroup_invocation_id) lane: u32, @builtin(workgroup_id)
     let split = table[p.table_base] + z;
     let k0 = min(split * SPLIT, scan);
     let k1 = min(k0 + SPLIT, scan);
-    let pb = ((t * p.n_heads + h) * p.round_splits + z) * (hd + 2u);
+    let pb = ((z * step.n_tokens + t) * p.n_heads + h) * (hd + 2u);
     let qb4 = (t * p.q_stride + h * hd) >> 2u;
     var qv: array<vec4<f32>, HD4>;
     for (var d4 = 0u; d4 < HD4; d4++) {
@@ -364,7 +367,7 @@ fn merge(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: 
         }
     }
     for (var z = 0u; z < n; z++) {
-        let pb = ((t * p.n_heads + h) * p.round_splits + z) * (hd + 2u);
+        let pb = ((z * step.n_tokens + t) * p.n_heads + h) * (hd + 2u);
         let pl = part[pb + hd + 1u];
         if (pl == 0.0) {
             continue;

@@ -176,7 +176,7 @@ fn main_tiled(@builtin(local_invocation_index) lane: u32, @builtin(workgroup_id)
     if (!live) {
         return;
     }
-    let pb = ((t * p.n_heads + h) * p.round_splits + z) * (hd + 2u);
+    let pb = ((z * step.n_tokens + t) * p.n_heads + h) * (hd + 2u);
     let only = table[p.table_base + 1u] == 3u && table[p.table_base + 2u] == 1u;
     for (var d4 = 0u; d4 < 2u * HD8; d4++) {
         let a = acc[d4];

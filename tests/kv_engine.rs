@@ -176,16 +176,51 @@ fn two_part_stream_pool_equals_contiguous() {
     o.ctx = Some(1024);
     let want = run(&mut engine(&gguf, &path, &o, IoMode::Mmap), &p, 20);
     o.kv_page = Some(16);
-    o.gpu.budget = Some(min_budget(&gguf, &o) + 100_000);
+    let min = min_budget(&gguf, &o);
+    // With more room the stream pool grows for decode rounds longer than a prefill batch's
+    // (the decode row's partials take the batch's room): same bits either way.
+    // The smallest budget (in steps of 25 kB) at which they do, found from the plans.
+    let longer = (4..40)
+        .map(|k| min + k * 25_000)
+        .find(|&b| {
+            let mut t = o.clone();
+            t.gpu.budget = Some(b);
+            let kv = engine(&gguf, &path, &t, IoMode::Direct).plan.kv.clone();
+            kv.streams && kv.decode_round_splits > kv.round_splits
+        })
+        .expect("a budget with longer decode rounds");
+    for budget in [min + 100_000, longer] {
+        o.gpu.budget = Some(budget);
+        let mut e = engine(&gguf, &path, &o, IoMode::Direct);
+        let kv = &e.plan.kv;
+        assert!(kv.streams && kv.halves == 2, "{kv:?}");
+        assert_eq!(
+            kv.decode_round_splits > kv.round_splits,
+            budget == longer,
+            "{kv:?}"
+        );
+        let got = run(&mut e, &p, 20);
+        assert!(
+            got.0 == want.0 && got.1 == want.1 && got.2 == want.2,
+            "budget {budget}"
+        );
+        assert!(e.kv_stats.fetch.flash_pages > 0);
+    }
+    // Every page at home, decode rounds longer than the prefill's (the first budget with all
+    // pages home leaves the partials room for one prefill split only): same bits.
+    let home = (4..60)
+        .map(|k| min + k * 25_000)
+        .find(|&b| {
+            let mut t = o.clone();
+            t.gpu.budget = Some(b);
+            !engine(&gguf, &path, &t, IoMode::Direct).plan.kv.streams
+        })
+        .expect("a budget with every page at home");
+    o.gpu.budget = Some(home);
     let mut e = engine(&gguf, &path, &o, IoMode::Direct);
-    assert!(
-        e.plan.kv.streams && e.plan.kv.halves == 2,
-        "{:?}",
-        e.plan.kv
-    );
-    let got = run(&mut e, &p, 20);
-    assert!(got.0 == want.0 && got.1 == want.1 && got.2 == want.2);
-    assert!(e.kv_stats.fetch.flash_pages > 0);
+    let kv = &e.plan.kv;
+    assert!(kv.decode_round_splits > kv.round_splits, "{kv:?}");
+    assert!(run(&mut e, &p, 20) == want);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -122,6 +122,7 @@ fn attend(
         max_pages,
         home_pages: max_pages,
         round_splits,
+        decode_round_splits: round_splits,
         stream_slots: stream_n,
         halves: 1,
         kv_dim: kv_dim as u32,

@@ -176,7 +176,7 @@ pub fn plan_cmd(
         plan.ring_chunk
     );
     println!(
-        "KV: {}-token pages of {} bytes, {} of {} per layer on the device{}, {} splits per round",
+        "KV: {}-token pages of {} bytes, {} of {} per layer on the device{}, {} splits per round ({} at decode), a stream pool of {} pages",
         kv.page_tokens,
         kv.page_bytes,
         kv.home_pages,
@@ -186,7 +186,9 @@ pub fn plan_cmd(
         } else {
             ""
         },
-        kv.round_splits
+        kv.round_splits,
+        kv.decode_round_splits,
+        kv.stream_slots
     );
     let Some(cal) = cal else {
         println!(

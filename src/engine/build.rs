@@ -271,7 +271,8 @@ impl Engine {
             },
         };
         let map = PageMap::new(kv);
-        let shape_of = |l: usize| KvShape {
+        // The grid's z is a round's splits at most: decode rounds can be longer.
+        let shape_of = |l: usize, round_splits: u32| KvShape {
             n_heads: cfg.n_heads as u32,
             n_kv_heads: cfg.n_kv_heads as u32,
             head_dim: cfg.head_dim as u32,
@@ -279,7 +280,7 @@ impl Engine {
             f16: kv.f16,
             table_base: l as u32 * kv.layer_words,
             seq_stride: kv.seq_stride,
-            round_splits: kv.round_splits,
+            round_splits,
             scale: cfg.attn_scale,
             softcap: cfg.attn_softcap.unwrap_or(0.0),
             window: cfg.window_of(l).unwrap_or(0),
@@ -296,9 +297,13 @@ impl Engine {
                         .ok_or_else(|| EngineError::MissingTensor("a streamed layer".into()))?
                 }
             };
-            for (tt, out) in [
-                (1, &mut decode_lists),
-                (kernels::MM_PREFILL_TT, &mut prefill_lists),
+            for (tt, out, splits) in [
+                (
+                    1,
+                    &mut decode_lists,
+                    kv.decode_round_splits.max(kv.round_splits),
+                ),
+                (kernels::MM_PREFILL_TT, &mut prefill_lists, kv.round_splits),
             ] {
                 out.push(layers::build_lists(
                     &ctx,
@@ -307,7 +312,7 @@ impl Engine {
                     mats,
                     &bufs,
                     &kvb,
-                    &shape_of(l),
+                    &shape_of(l, splits),
                     kv.touched_pages,
                     kv.max_pages,
                     tt,

@@ -31,10 +31,19 @@ impl RoundWork {
 }
 
 /// The rounds over the sequences' lists (by the longest): the sequences' streamed pages of a
-/// round share the stream pool's part for that round, one after another.
-fn plan_rounds(map: &crate::kv::pages::PageMap, mut lists: Vec<(u32, PageList)>) -> Vec<RoundWork> {
+/// round share the stream pool's part for that round, one after another. A pass of one row
+/// (`one_row`) takes the longer decode rounds.
+fn plan_rounds(
+    map: &crate::kv::pages::PageMap,
+    mut lists: Vec<(u32, PageList)>,
+    one_row: bool,
+) -> Vec<RoundWork> {
     let keys = lists.iter().map(|l| l.1.keys).max().unwrap_or(0);
-    let rounds = map.rounds(keys);
+    let rounds = if one_row {
+        map.decode_rounds(keys)
+    } else {
+        map.rounds(keys)
+    };
     rounds
         .into_iter()
         .enumerate()
@@ -295,6 +304,7 @@ impl Engine {
                 .iter()
                 .map(|&(s, _, b)| (s, PageList::exact(&self.map, b - 1).for_seq(&self.map, s)))
                 .collect(),
+            decode,
         );
         // Local layers attend only the pages some row's window reaches.
         let local_lists: Vec<(u32, PageList)> = spans
@@ -315,7 +325,7 @@ impl Engine {
                 .swa_window
                 .map_or(0, |w| (a0 + 1).saturating_sub(w as usize)),
         );
-        let exact_local = plan_rounds(&self.map, local_lists);
+        let exact_local = plan_rounds(&self.map, local_lists, decode);
         let per_layer = self.placement.streaming
             || self.plan.kv.streams
             || exact.len() > 1
@@ -563,7 +573,7 @@ impl Engine {
             .collect();
         pages.dedup();
         let list = PageList::of_pages(&self.map, pages, last_pos);
-        Ok(plan_rounds(&self.map, vec![(0, list)]))
+        Ok(plan_rounds(&self.map, vec![(0, list)], true))
     }
 
     /// Write the pages that filled up during positions `[a, b)` to the page file, every layer.

@@ -25,6 +25,9 @@ pub struct PageMap {
     pub max_pages: u32,
     pub home_pages: u32,
     pub round_splits: u32,
+    /// Splits per round of a single-row decode pass (its partials take a prefill batch's
+    /// room, so its rounds cover more keys, as far as a half of the stream pool holds).
+    pub decode_round_splits: u32,
     pub stream_slots: u32,
     /// Parts of the stream pool rounds alternate between.
     pub halves: u32,
@@ -38,6 +41,7 @@ impl PageMap {
             max_pages: kv.max_pages,
             home_pages: kv.home_pages,
             round_splits: kv.round_splits.max(1),
+            decode_round_splits: kv.decode_round_splits.max(kv.round_splits).max(1),
             stream_slots: kv.stream_slots,
             halves: kv.halves.max(1),
             kv_dim: kv.kv_dim,
@@ -111,9 +115,18 @@ impl PageMap {
     /// The rounds over a list of `list_keys` keys: for each, its first split, its split count
     /// and the range of list entries it reads.
     pub fn rounds(&self, list_keys: u32) -> Vec<Round> {
+        self.rounds_of(list_keys, self.round_splits)
+    }
+
+    /// [`Self::rounds`] for a single-row decode pass: rounds of `decode_round_splits`.
+    pub fn decode_rounds(&self, list_keys: u32) -> Vec<Round> {
+        self.rounds_of(list_keys, self.decode_round_splits)
+    }
+
+    fn rounds_of(&self, list_keys: u32, round_splits: u32) -> Vec<Round> {
         let total = list_keys.div_ceil(ATTN_SPLIT_KEYS).max(1);
         let (pages_per_split, splits_per_page) = self.split_geometry();
-        let per_round = self.round_splits.max(splits_per_page);
+        let per_round = round_splits.max(splits_per_page);
         let n_entries = list_keys.div_ceil(self.page_tokens);
         let mut out = Vec::new();
         let mut s0 = 0;
@@ -253,6 +266,7 @@ mod tests {
             max_pages,
             home_pages: home,
             round_splits: rs,
+            decode_round_splits: rs,
             stream_slots: 64,
             halves: 1,
             kv_dim: 8,

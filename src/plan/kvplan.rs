@@ -98,6 +98,9 @@ pub struct KvPlan {
     pub streams: bool,
     /// Attention splits per round, and the splits and pages of one round unit.
     pub round_splits: u32,
+    /// Attention splits per round of a pass with a single row (a decode step): its partials
+    /// fit where a batch's rows' do, so only the stream pool's half bounds its rounds.
+    pub decode_round_splits: u32,
     pub unit_splits: u32,
     pub unit_pages: u32,
     /// Page slots of the stream pool, and how many parts it is cut into (2: round r + 1's pages
@@ -161,6 +164,7 @@ impl KvPlan {
             select_window: home.saturating_sub(1).max(1),
             streams: home < max_pages,
             round_splits: unit_splits,
+            decode_round_splits: unit_splits,
             unit_splits,
             unit_pages,
             stream_slots: if home < max_pages {
@@ -234,8 +238,9 @@ impl KvPlan {
 
     /// Spend up to `spare` more device bytes: all pages home when that fits, else more home
     /// pages; then more splits per round (each costing `part_per_split` bytes of partial
-    /// results and, when streaming, a unit of stream slots).
-    pub fn grow(&self, cfg: &ModelConfig, spare: u64, part_per_split: u64) -> Self {
+    /// results for `part_rows` rows and, when streaming, a unit of stream slots); then, with
+    /// what is left, longer rounds for decode steps (see [`Self::with_decode_rounds`]).
+    pub fn grow(&self, cfg: &ModelConfig, spare: u64, part_per_split: u64, part_rows: u32) -> Self {
         let n = cfg.n_layers;
         let base = self.device_bytes(n) + round16(part_per_split * self.round_splits as u64);
         let cost = |k: &KvPlan| {
@@ -289,6 +294,56 @@ impl KvPlan {
                 hi = mid - 1;
             }
         }
-        with_units(lo)
+        let kv = with_units(lo);
+        let left = spare.saturating_sub(cost(&kv));
+        kv.with_decode_rounds(left, part_rows)
+    }
+
+    /// Pages of the stream pool a round of `splits` splits can bring in (a half's worth).
+    fn round_pages(&self, splits: u32) -> u32 {
+        if self.page_tokens <= ATTN_SPLIT_KEYS {
+            splits * (ATTN_SPLIT_KEYS / self.page_tokens)
+        } else {
+            splits.div_ceil(self.page_tokens / ATTN_SPLIT_KEYS)
+        }
+    }
+
+    /// Decode rounds as long as the partial buffer allows for one row (`part_rows` rows of
+    /// `round_splits` splits), all of the context at most; when pages stream, the stream pool
+    /// grows (each of its parts to a decode round's pages) with up to `spare` more bytes, and
+    /// the decode rounds take what the pool then holds. Fewer, longer rounds mean fewer waits
+    /// on the reads and fewer merges per token.
+    pub fn with_decode_rounds(&self, spare: u64, part_rows: u32) -> Self {
+        let mut kv = self.clone();
+        let cap =
+            (part_rows.max(1) as u64 * kv.round_splits as u64).min(kv.all_splits() as u64) as u32;
+        let want = (cap / kv.unit_splits).max(1) * kv.unit_splits;
+        kv.decode_round_splits = kv.round_splits.max(want);
+        if !kv.streams || kv.decode_round_splits <= kv.round_splits {
+            return kv;
+        }
+        let parts = kv.halves.max(1);
+        let streamed = kv.max_pages - kv.home_pages.min(kv.max_pages);
+        // A one-row pass is one sequence: a part holds that sequence's pages of a round.
+        let pool_for = |splits: u32| parts * kv.round_pages(splits).min(streamed.max(1));
+        let fits = |splits: u32| {
+            let slots = pool_for(splits).max(kv.stream_slots);
+            (slots - kv.stream_slots) as u64 * kv.page_bytes <= spare
+                && slots as u64 * kv.page_bytes <= kv.max_binding
+        };
+        // The largest whole number of units whose pool fits.
+        let (mut lo, mut hi) = (kv.round_splits / kv.unit_splits, want / kv.unit_splits);
+        while lo < hi {
+            let mid = lo + (hi - lo).div_ceil(2);
+            if fits(mid * kv.unit_splits) {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        let splits = (lo * kv.unit_splits).max(kv.round_splits);
+        kv.stream_slots = pool_for(splits).max(kv.stream_slots);
+        kv.decode_round_splits = splits;
+        kv
     }
 }

@@ -518,7 +518,7 @@ impl ExecPlan {
         let spare = placement
             .budget
             .saturating_sub(placement.total - head_params_max + head_params);
-        let kv = kv_min.grow(cfg, spare, ubatch as u64 * part_row);
+        let kv = kv_min.grow(cfg, spare, ubatch as u64 * part_row, ubatch as u32);
         // The ring reserved for a KV cache that pages to flash beside resident weights is not
         // allocated when the pages all fit after all.
         let unused_ring = if !placement.streaming && !kv.streams {

@@ -498,7 +498,9 @@ pub fn token_work(plan: &ExecPlan, n_past: usize, io: &RunIo, reuse: f64) -> Tok
     let kv = &plan.kv;
     let n = n_past.max(1) as u64;
     let splits = n.div_ceil(crate::kernels::ATTN_SPLIT_KEYS as u64);
-    let rounds = splits.div_ceil(kv.round_splits.max(1) as u64).max(1);
+    let rounds = splits
+        .div_ceil(kv.decode_round_splits.max(kv.round_splits).max(1) as u64)
+        .max(1);
     let merges = if rounds == 1 && splits <= 1 {
         0
     } else {
