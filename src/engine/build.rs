@@ -484,6 +484,7 @@ impl Engine {
             prefill_lists,
             streamed,
             prefetched: 0,
+            pass_no: 0,
             pending_prefetch: Vec::new(),
             seqs: (0..plan.kv.max_seqs)
                 .map(|_| SeqState {

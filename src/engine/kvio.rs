@@ -82,6 +82,8 @@ impl Engine {
         if restore.is_empty() {
             return Ok(());
         }
+        // Waited for at once: needed before anything queued.
+        self.io_.set_need(0);
         for l in 0..self.layers.len() {
             let base = self.map.home_base(seq);
             let tk = self.io_.kv_pages(

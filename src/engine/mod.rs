@@ -318,6 +318,8 @@ pub struct Engine {
     weight_tickets: Vec<Option<crate::flash::queue::Ticket<upload::JobResult>>>,
     /// Streamed layers of the next pass whose uploads are already queued.
     prefetched: usize,
+    /// Passes begun: with the layer, the need stamp of what the transfer queue reads.
+    pass_no: u64,
     /// Predictive KV prefetches in flight.
     pending_prefetch: Vec<crate::flash::queue::Ticket<upload::JobResult>>,
     /// Per sequence (index = sequence id); sequence 0 is the default one.

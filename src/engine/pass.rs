@@ -65,9 +65,17 @@ fn plan_rounds(
 }
 
 impl Engine {
-    /// Queue streamed layer `si` (index into `streamed`) into slot `si % slots`.
-    pub(super) fn queue_weights(&mut self, si: usize) {
+    /// The need stamp of layer `l`'s bytes in this pass (`next`: in the pass after it): layers
+    /// count on across passes, the output head after the last layer.
+    fn need_of(&self, l: usize, next: bool) -> u64 {
+        (self.pass_no + next as u64) * (self.layers.len() as u64 + 1) + l as u64
+    }
+
+    /// Queue streamed layer `si` (index into `streamed`) into slot `si % slots`, for this pass
+    /// or (`next`) the next one.
+    pub(super) fn queue_weights(&mut self, si: usize, next: bool) {
         let l = self.streamed[si];
+        self.io_.set_need(self.need_of(l, next));
         // Ask for the streamed layer after this one ahead of its read.
         if let Some(&after) = self.streamed.get((si + 1) % self.streamed.len()) {
             for t in &self.plan.layers[after].files {
@@ -163,6 +171,7 @@ impl Engine {
         seq: u32,
         loads: &[(u32, u32)],
     ) -> Ticket<JobResult> {
+        self.io_.set_need(self.need_of(l, false));
         let admit = if self.plan.kv.selects_layer(l) {
             Admit::Lru
         } else {
@@ -193,6 +202,7 @@ impl Engine {
         if pages.is_empty() {
             return;
         }
+        self.io_.set_need(self.need_of(l, false));
         let t = self
             .io_
             .prefetch_pages(0, l as u32, pages, self.plan.kv.page_bytes);
@@ -207,6 +217,7 @@ impl Engine {
         want: &[usize],
         on_logits: &mut dyn FnMut(usize, &[f32]),
     ) -> Result<(), EngineError> {
+        self.pass_no += 1;
         let t: usize = items.iter().map(|i| i.1.len()).sum();
         // (sequence, first position, end position) of each item.
         let spans: Vec<(u32, usize, usize)> = items
@@ -288,7 +299,7 @@ impl Engine {
         let window = self.n_slots.min(n_s);
         while self.prefetched < window {
             let k = self.prefetched;
-            self.queue_weights(k);
+            self.queue_weights(k, false);
             self.prefetched += 1;
         }
         self.prefetched = 0;
@@ -445,7 +456,7 @@ impl Engine {
                 let si = self.streamed.iter().position(|&x| x == l).unwrap_or(0);
                 let next = si + self.n_slots;
                 if next < n_s {
-                    self.queue_weights(next);
+                    self.queue_weights(next, false);
                 }
             }
             if l + 1 < self.layers.len() && next_kv.is_empty() {
@@ -465,7 +476,7 @@ impl Engine {
         // Queue the next pass's first streamed layers now, behind this pass's compute.
         while self.prefetched < window {
             let k = self.prefetched;
-            self.queue_weights(k);
+            self.queue_weights(k, true);
             self.prefetched += 1;
         }
         for tk in std::mem::take(&mut self.pending_prefetch) {

@@ -77,6 +77,9 @@ pub struct Uploader {
     pub store: Option<Arc<KvStore>>,
     pub prefetched: PrefetchBuf,
     t0: Instant,
+    /// The need stamp of the jobs queued next (see [`TransferQueue::submit_at`]): the engine
+    /// sets it to the layer ordinal the bytes are for before queueing them.
+    need: std::sync::atomic::AtomicU64,
 }
 
 impl Uploader {
@@ -98,7 +101,17 @@ impl Uploader {
             store: None,
             prefetched: Arc::new(Mutex::new(HashMap::new())),
             t0,
+            need: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// Stamp the jobs queued from now on as needed at `need`.
+    pub fn set_need(&self, need: u64) {
+        self.need.store(need, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn need(&self) -> u64 {
+        self.need.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub fn source(&self) -> &Arc<dyn WeightSource> {
@@ -111,22 +124,23 @@ impl Uploader {
         let ctx = self.ctx.clone();
         let source = self.source.clone();
         let t0 = self.t0;
-        self.queue.submit(Priority::Weights, move || {
-            let start = t0.elapsed().as_secs_f64();
-            let Some(ring) = ring else {
-                return Err("no staging ring".to_string());
-            };
-            let upload = run_batch(&ctx, &ring, source.as_ref(), &reqs)?;
-            for (off, len) in hints {
-                source.release(off, len);
-            }
-            Ok(JobReport {
-                upload,
-                start,
-                end: t0.elapsed().as_secs_f64(),
-                kv: KvFetch::default(),
+        self.queue
+            .submit_at(self.need(), Priority::Weights, move || {
+                let start = t0.elapsed().as_secs_f64();
+                let Some(ring) = ring else {
+                    return Err("no staging ring".to_string());
+                };
+                let upload = run_batch(&ctx, &ring, source.as_ref(), &reqs)?;
+                for (off, len) in hints {
+                    source.release(off, len);
+                }
+                Ok(JobReport {
+                    upload,
+                    start,
+                    end: t0.elapsed().as_secs_f64(),
+                    kv: KvFetch::default(),
+                })
             })
-        })
     }
 
     /// Queue weight ranges read straight into mappable device buffers (no staging copy): each
@@ -139,26 +153,27 @@ impl Uploader {
         let ctx = self.ctx.clone();
         let source = self.source.clone();
         let t0 = self.t0;
-        self.queue.submit(Priority::Weights, move || {
-            let start = t0.elapsed().as_secs_f64();
-            let mut upload = UploadStats::default();
-            for r in &reqs {
-                let (w, rd) = fill_in_place(&ctx, source.as_ref(), r)?;
-                upload.wait_s += w;
-                upload.read_s += rd;
-                upload.bytes += r.len;
-                upload.chunks += 1;
-            }
-            for (off, len) in hints {
-                source.release(off, len);
-            }
-            Ok(JobReport {
-                upload,
-                start,
-                end: t0.elapsed().as_secs_f64(),
-                kv: KvFetch::default(),
+        self.queue
+            .submit_at(self.need(), Priority::Weights, move || {
+                let start = t0.elapsed().as_secs_f64();
+                let mut upload = UploadStats::default();
+                for r in &reqs {
+                    let (w, rd) = fill_in_place(&ctx, source.as_ref(), r)?;
+                    upload.wait_s += w;
+                    upload.read_s += rd;
+                    upload.bytes += r.len;
+                    upload.chunks += 1;
+                }
+                for (off, len) in hints {
+                    source.release(off, len);
+                }
+                Ok(JobReport {
+                    upload,
+                    start,
+                    end: t0.elapsed().as_secs_f64(),
+                    kv: KvFetch::default(),
+                })
             })
-        })
     }
 
     /// Queue KV pages of (seq, layer) into stream-pool slots: (page, slot) pairs. Pages come
@@ -181,7 +196,7 @@ impl Uploader {
         let store = self.store.clone();
         let pre = self.prefetched.clone();
         let t0 = self.t0;
-        self.queue.submit(prio, move || {
+        self.queue.submit_at(self.need(), prio, move || {
             let start = t0.elapsed().as_secs_f64();
             let (Some(ring), Some(store)) = (ring, store) else {
                 return Err("KV pages streamed without a staging ring or page file".to_string());
@@ -250,36 +265,37 @@ impl Uploader {
         let store = self.store.clone();
         let pre = self.prefetched.clone();
         let t0 = self.t0;
-        self.queue.submit(Priority::ColdKv, move || {
-            let start = t0.elapsed().as_secs_f64();
-            let Some(store) = store else {
-                return Err("no KV page file".to_string());
-            };
-            let pb = page_bytes as usize;
-            let loads: Vec<(u32, u32)> = pages.iter().map(|&p| (p, 0)).collect();
-            let mut host = vec![0u8; loads.len() * pb];
-            let mut kv = KvFetch::default();
-            let mut missing = Vec::new();
-            for (i, &(page, _)) in loads.iter().enumerate() {
-                if cache.budget() > 0 && cache.contains(kv_key(seq, layer, page)) {
-                    continue;
+        self.queue
+            .submit_at(self.need(), Priority::ColdKv, move || {
+                let start = t0.elapsed().as_secs_f64();
+                let Some(store) = store else {
+                    return Err("no KV page file".to_string());
+                };
+                let pb = page_bytes as usize;
+                let loads: Vec<(u32, u32)> = pages.iter().map(|&p| (p, 0)).collect();
+                let mut host = vec![0u8; loads.len() * pb];
+                let mut kv = KvFetch::default();
+                let mut missing = Vec::new();
+                for (i, &(page, _)) in loads.iter().enumerate() {
+                    if cache.budget() > 0 && cache.contains(kv_key(seq, layer, page)) {
+                        continue;
+                    }
+                    missing.push(i);
                 }
-                missing.push(i);
-            }
-            read_runs(&store, seq, layer, &loads, &missing, pb, &mut host, &mut kv)?;
-            let mut pf = pre.lock().unwrap_or_else(|p| p.into_inner());
-            // What was read ahead for this layer's previous token and not used is stale now.
-            pf.retain(|&(l, _), _| l != layer);
-            for &i in &missing {
-                pf.insert((layer, loads[i].0), host[i * pb..(i + 1) * pb].to_vec());
-            }
-            Ok(JobReport {
-                start,
-                end: t0.elapsed().as_secs_f64(),
-                kv,
-                ..Default::default()
+                read_runs(&store, seq, layer, &loads, &missing, pb, &mut host, &mut kv)?;
+                let mut pf = pre.lock().unwrap_or_else(|p| p.into_inner());
+                // What was read ahead for this layer's previous token and not used is stale now.
+                pf.retain(|&(l, _), _| l != layer);
+                for &i in &missing {
+                    pf.insert((layer, loads[i].0), host[i * pb..(i + 1) * pb].to_vec());
+                }
+                Ok(JobReport {
+                    start,
+                    end: t0.elapsed().as_secs_f64(),
+                    kv,
+                    ..Default::default()
+                })
             })
-        })
     }
 }
 

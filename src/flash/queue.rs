@@ -2,9 +2,12 @@
 //! memory, queue the copies to the device) in priority order, so the engine thread never
 //! blocks on a single chunk; it waits only for the job whose bytes its next submission needs.
 //!
-//! Priorities, highest first: the weights of the layers about to compute, then the KV pages the
-//! next layer attends ("hot"), then predictive KV prefetches ("cold"). Jobs of one priority run
-//! in submission order.
+//! Jobs run in order of need: each carries the point of the pass its bytes are needed at (a
+//! layer ordinal, see [`TransferQueue::submit_at`]), and of the jobs needed at one point the
+//! layer's weights come first, then the KV pages it attends ("hot"), then predictive KV
+//! prefetches ("cold"). So the KV pages of the layer computing next are read before the
+//! weights of a layer after it: weights take priority over the pages of their own layer, never
+//! over what the device needs sooner. Jobs of one need and class run in submission order.
 
 use std::collections::BinaryHeap;
 use std::sync::mpsc;
@@ -22,6 +25,7 @@ pub enum Priority {
 type Job = Box<dyn FnOnce() + Send + 'static>;
 
 struct Queued {
+    need: u64,
     prio: Priority,
     seq: u64,
     job: Job,
@@ -29,7 +33,7 @@ struct Queued {
 
 impl PartialEq for Queued {
     fn eq(&self, o: &Self) -> bool {
-        (self.prio, self.seq) == (o.prio, o.seq)
+        (self.need, self.prio, self.seq) == (o.need, o.prio, o.seq)
     }
 }
 impl Eq for Queued {}
@@ -39,9 +43,13 @@ impl PartialOrd for Queued {
     }
 }
 impl Ord for Queued {
-    // BinaryHeap pops the largest: the highest priority (lowest value), then the oldest.
+    // BinaryHeap pops the largest: the soonest need, then the highest priority (lowest
+    // value), then the oldest.
     fn cmp(&self, o: &Self) -> std::cmp::Ordering {
-        o.prio.cmp(&self.prio).then(o.seq.cmp(&self.seq))
+        o.need
+            .cmp(&self.need)
+            .then(o.prio.cmp(&self.prio))
+            .then(o.seq.cmp(&self.seq))
     }
 }
 
@@ -101,10 +109,22 @@ impl TransferQueue {
         self.shared.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Queue `job`; its result comes back through the ticket. Without a worker thread (it could
-    /// not be started) the job runs at once on the caller's thread.
+    /// Queue `job` needed after everything with a need stamp ([`Self::submit_at`] with
+    /// `u64::MAX`); its result comes back through the ticket.
     pub fn submit<T: Send + 'static>(
         &self,
+        prio: Priority,
+        job: impl FnOnce() -> T + Send + 'static,
+    ) -> Ticket<T> {
+        self.submit_at(u64::MAX, prio, job)
+    }
+
+    /// Queue `job`, whose bytes are needed at point `need` (smaller: sooner; the engine counts
+    /// layers across passes), with class `prio` among the jobs of that need. Without a worker
+    /// thread (it could not be started) the job runs at once on the caller's thread.
+    pub fn submit_at<T: Send + 'static>(
+        &self,
+        need: u64,
         prio: Priority,
         job: impl FnOnce() -> T + Send + 'static,
     ) -> Ticket<T> {
@@ -120,6 +140,7 @@ impl TransferQueue {
         let seq = g.next_seq;
         g.next_seq += 1;
         g.heap.push(Queued {
+            need,
             prio,
             seq,
             job: run,
@@ -221,6 +242,36 @@ mod tests {
         );
         let order: Vec<u64> = q.ran().iter().map(|r| r.1).collect();
         assert_eq!(order, vec![0, 3, 4, 2, 1]);
+    }
+
+    #[test]
+    fn sooner_needs_run_first_then_by_class() {
+        let q = TransferQueue::new();
+        q.record_order();
+        let (go_tx, go_rx) = mpsc::channel::<()>();
+        let (started_tx, started_rx) = mpsc::channel::<()>();
+        let first = q.submit_at(0, Priority::Weights, move || {
+            let _ = started_tx.send(());
+            let _ = go_rx.recv();
+        });
+        started_rx.recv().unwrap();
+        // The weights of layer 3 are queued before the pages layer 2 attends: the pages go
+        // first. Layer 2's own weights still go before its pages; a drain goes last.
+        let t = [
+            q.submit_at(3, Priority::Weights, || ()),
+            q.submit_at(2, Priority::HotKv, || ()),
+            q.submit_at(2, Priority::ColdKv, || ()),
+            q.submit_at(2, Priority::Weights, || ()),
+            q.submit(Priority::Weights, || ()),
+            q.submit_at(4, Priority::ColdKv, || ()),
+        ];
+        go_tx.send(()).unwrap();
+        first.wait().unwrap();
+        for tk in t {
+            tk.wait().unwrap();
+        }
+        let order: Vec<u64> = q.ran().iter().map(|r| r.1).collect();
+        assert_eq!(order, vec![0, 4, 2, 3, 1, 6, 5]);
     }
 
     #[test]
