@@ -554,17 +554,11 @@ impl Engine {
             self.tracer
                 .span(format!("page scores layer {l}"), "wait", TID_HOST, th);
             let s: Vec<f32> = bytemuck::pod_collect_to_vec(&raw);
-            let page_score = |p: u32| {
-                (0..heads)
-                    .map(|h| s.get(p as usize * heads + h).copied().unwrap_or(f32::MIN))
-                    .fold(f32::MIN, f32::max)
+            let logit = crate::kv::select::Logit {
+                scale: self.cfg.attn_scale,
+                softcap: self.cfg.attn_softcap,
             };
-            let mut ranked: Vec<(f32, u32)> =
-                candidates.iter().map(|&p| (page_score(p), p)).collect();
-            ranked.sort_by(|x, y| y.0.total_cmp(&x.0).then(x.1.cmp(&y.1)));
-            let mut c: Vec<u32> = ranked[..keep].iter().map(|r| r.1).collect();
-            c.sort_unstable();
-            c
+            crate::kv::select::keep_pages(&s, heads, &candidates, keep, logit)
         };
         let prev = &self.seqs[0].prev_sel[l];
         if !prev.is_empty() && !chosen.is_empty() {

@@ -6,10 +6,11 @@
 //! written once when full, read back many times. [`session`] saves the tokens and pages of a
 //! conversation to a file that a later run loads instead of recomputing the shared prefix.
 //! [`prefix`] names full pages by a SHA-256 chain over their tokens, so requests that share a
-//! prompt prefix reuse its pages.
+//! prompt prefix reuse its pages. [`select`] ranks pages for page selection from their scores.
 
 pub mod pages;
 pub mod prefix;
+pub mod select;
 pub mod session;
 pub mod store;
 
