@@ -45,6 +45,7 @@ fn calibration(direct_gb_s: f64, mmap_gb_s: f64) -> Calibration {
         attn_gb_s: 1.0,
         prefill_attn_gb_s: 0.0,
         overlap_beta: 0.3,
+        compute_scale: 1.0,
         device: None,
     }
 }
@@ -289,6 +290,7 @@ fn token_work_of_a_real_plan_matches_hand_numbers() {
         attn_gb_s: 1.0,
         prefill_attn_gb_s: 0.0,
         overlap_beta: 0.3,
+        compute_scale: 1.0,
         device: None,
     };
     let p = predict_token(&cal, &w);

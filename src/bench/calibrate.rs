@@ -263,7 +263,8 @@ pub fn run(model: &LoadedModel, gpu: &GpuOptions) -> BenchResult<Calibration> {
         dispatch_s * 1e6
     );
     drop(ctx);
-    // Overlap: a short streamed run under a budget that streams every layer.
+    // In-pass compute, then overlap: a short resident run, and a streamed run under a budget
+    // that streams every layer.
     let mut cal = Calibration {
         adapter: String::new(),
         flash,
@@ -274,8 +275,37 @@ pub fn run(model: &LoadedModel, gpu: &GpuOptions) -> BenchResult<Calibration> {
         attn_gb_s,
         prefill_attn_gb_s,
         overlap_beta: 0.0,
+        compute_scale: 1.0,
         device: None,
     };
+    let prompt: Vec<u32> = (0..16)
+        .map(|i| (i * 7 + 1) % model.cfg.vocab_size as u32)
+        .collect();
+    let mut sm = Sampler::new(SamplerParams {
+        temperature: 0.0,
+        ..Default::default()
+    });
+    // In-pass compute: a resident run (no I/O) against what the kernel rates add up to for
+    // its pass.
+    let ro = EngineOptions {
+        gpu: gpu.clone(),
+        ctx: Some(256),
+        ..Default::default()
+    };
+    let file = FlashFile::open(&model.path, ReaderOptions::default())?;
+    let mut e = Engine::with_source(model.gguf.clone(), Arc::new(FlashSource::new(file, 0)), &ro)?;
+    let (_, st) = e.generate(&prompt, 12, &mut sm, |_| false, |_| true)?;
+    let kernels = crate::plan::perf::predict_token(&cal, &e.token_work(st.selection_reuse));
+    if kernels.compute_ms > 0.0 && st.ms_per_token > 0.0 {
+        cal.compute_scale = (st.ms_per_token / kernels.compute_ms).clamp(0.25, 4.0);
+    }
+    eprintln!(
+        "compute: resident run {:.1} ms/token, kernels at their rates {:.1} ms: x{:.2}",
+        st.ms_per_token,
+        kernels.compute_ms,
+        cal.compute_factor()
+    );
+    drop(e);
     let o = EngineOptions {
         gpu: gpu.clone(),
         ctx: Some(256),
@@ -287,13 +317,6 @@ pub fn run(model: &LoadedModel, gpu: &GpuOptions) -> BenchResult<Calibration> {
     let mut e = Engine::with_source(model.gguf.clone(), Arc::new(FlashSource::new(file, 0)), &o)?;
     cal.adapter = e.ctx.info.name.clone();
     cal.device = Some(Engine::device_facts(&e.ctx)?);
-    let prompt: Vec<u32> = (0..16)
-        .map(|i| (i * 7 + 1) % model.cfg.vocab_size as u32)
-        .collect();
-    let mut sm = Sampler::new(SamplerParams {
-        temperature: 0.0,
-        ..Default::default()
-    });
     let (_, st) = e.generate(&prompt, 12, &mut sm, |_| false, |_| true)?;
     let pred = crate::plan::perf::predict_token(&cal, &e.token_work(st.selection_reuse));
     // The pipeline simulation with perfect overlap against the measured token: the share of

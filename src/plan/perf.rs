@@ -49,6 +49,12 @@ pub struct Calibration {
     pub prefill_attn_gb_s: f64,
     /// Overlap of compute and I/O in the pipeline (0 perfect, 1 none).
     pub overlap_beta: f64,
+    /// A decode pass's device time over what the kernel rates above add up to for it, measured
+    /// on a resident run: inside a pass the kernels run slower than alone (caches shared with
+    /// the copies and the host threads, small kernels between the products). 1 in profiles
+    /// from before it was measured.
+    #[serde(default = "one")]
+    pub compute_scale: f64,
     /// What the calibrated device does that changes the plan (None in profiles from before
     /// it was recorded): `flashlm plan` then plans as `run` would on it.
     #[serde(default)]
@@ -74,7 +80,20 @@ pub struct FlashRate {
     pub gb_s: f64,
 }
 
+fn one() -> f64 {
+    1.0
+}
+
 impl Calibration {
+    /// The in-pass compute factor, within sane bounds.
+    pub fn compute_factor(&self) -> f64 {
+        if self.compute_scale.is_finite() && self.compute_scale > 0.0 {
+            self.compute_scale.clamp(0.25, 4.0)
+        } else {
+            1.0
+        }
+    }
+
     /// Where calibration profiles live.
     pub fn path() -> PathBuf {
         crate::paths::cache_dir().join("calibration.json")
@@ -133,11 +152,12 @@ impl Calibration {
             ));
         }
         s.push_str(&format!(
-            "| dispatch | {:.1} µs each |\n| attention, decode | {:.3} GB/s of KV |\n| attention, prefill | {:.3} GB/s of KV over the rows |\n| unhidden share of the overlap (β) | {:.2} |\n",
+            "| dispatch | {:.1} µs each |\n| attention, decode | {:.3} GB/s of KV |\n| attention, prefill | {:.3} GB/s of KV over the rows |\n| unhidden share of the overlap (β) | {:.2} |\n| decode pass in place of its kernels (resident run ÷ the rates above) | {:.2}× |\n",
             self.dispatch_s * 1e6,
             self.attn_gb_s,
             self.prefill_attn(),
-            self.overlap_beta
+            self.overlap_beta,
+            self.compute_factor()
         ));
         if let Some(d) = self.device {
             s.push_str(&format!(
@@ -262,13 +282,14 @@ pub struct Prediction {
 
 /// Milliseconds per decoded token for `w` on the machine `c` describes.
 pub fn predict_token(c: &Calibration, w: &TokenWork) -> Prediction {
-    let compute_s = w
+    let compute_s = (w
         .matmul_bytes
         .iter()
         .map(|(ty, &b)| b as f64 / (Calibration::rate(&c.matvec_gb_s, ty) * 1e9))
         .sum::<f64>()
         + w.dispatches as f64 * c.dispatch_s
-        + w.attn_bytes as f64 / (c.attn_gb_s.max(1e-6) * 1e9);
+        + w.attn_bytes as f64 / (c.attn_gb_s.max(1e-6) * 1e9))
+        * c.compute_factor();
     let flash = c.flash_gb_s(&w.mode, w.piece, w.threads).max(1e-6) * 1e9;
     let up = c.upload_gb_s.max(1e-6) * 1e9;
     let weight_s = w.weight_flash_bytes as f64 / flash + w.weight_upload_bytes as f64 / up;
@@ -303,12 +324,13 @@ fn stages(c: &Calibration, w: &TokenWork, flash: f64, up: f64) -> Vec<Stage> {
     w.stages
         .iter()
         .map(|s| Stage {
-            compute_s: s
+            compute_s: (s
                 .matmul
                 .iter()
                 .map(|(ty, &b)| b as f64 / (Calibration::rate(&c.matvec_gb_s, ty) * 1e9))
                 .sum::<f64>()
-                + if s.pool == 0 { spread } else { 0.0 },
+                + if s.pool == 0 { spread } else { 0.0 })
+                * c.compute_factor(),
             read_s: s.flash_bytes / flash,
             upload_s: s.upload_bytes / up,
             pool: s.pool,
@@ -642,6 +664,7 @@ mod tests {
             attn_gb_s: 4.0,
             prefill_attn_gb_s: 0.0,
             overlap_beta: 0.25,
+            compute_scale: 1.0,
             device: None,
         }
     }
@@ -675,6 +698,25 @@ mod tests {
         assert!((p.weight_io_ms - 48.0).abs() < 1e-9, "{p:?}");
         assert!((p.kv_io_ms - 2.6).abs() < 1e-9, "{p:?}");
         assert!((p.ms_per_token - 94.65).abs() < 1e-9, "{p:?}");
+        // A pass whose kernels run 1.5x slower in place: compute 123 ms, I/O hidden behind it.
+        let slow = Calibration {
+            compute_scale: 1.5,
+            ..cal()
+        };
+        let p = predict_token(&slow, &w);
+        assert!((p.compute_ms - 123.0).abs() < 1e-9, "{p:?}");
+        assert!(
+            (p.ms_per_token - (123.0 + 0.25 * 50.6)).abs() < 1e-9,
+            "{p:?}"
+        );
+        // Out-of-range factors are clamped; nonsense ones ignored.
+        for (k, f) in [(100.0, 4.0), (0.0, 1.0), (f64::NAN, 1.0), (-2.0, 1.0)] {
+            let c = Calibration {
+                compute_scale: k,
+                ..cal()
+            };
+            assert_eq!(c.compute_factor(), f);
+        }
         // Small pieces read at the small-piece rate.
         let small = TokenWork {
             piece: 60 << 10,
