@@ -265,3 +265,20 @@ fn the_fuzzer_input_that_overflowed_the_stack_is_a_typed_error() {
         other => panic!("expected a render error, got {other:?}"),
     }
 }
+
+#[test]
+fn the_fuzzer_input_that_timed_out_ends_in_a_typed_error() {
+    // `['a','b'] * 2415219 ~ 333`: a list repeated to millions of items in one instruction,
+    // then printed; fuel does not bound that single step (4.2 s in process on the 2-core VM;
+    // `chat` and `serve` render in the sandbox, which has a deadline). It must end, typed.
+    let (t, messages, gen_prompt) = fuzz_fixture("fuzz-slow-repeat.bin");
+    let t = t.unwrap();
+    let start = Instant::now();
+    let r = t.render_here(&messages, gen_prompt);
+    assert!(r.is_err(), "{:?}", r.map(|s| s.len()));
+    assert!(
+        start.elapsed() < Duration::from_secs(120),
+        "{:?}",
+        start.elapsed()
+    );
+}
