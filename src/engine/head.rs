@@ -122,11 +122,13 @@ impl Engine {
             plan.iter().collect()
         };
         let in_place = self.in_place;
+        // The head's chunks are needed after the pass's last layer.
+        let need = self.need_of(self.layers.len(), false);
         let queue = |io: &super::upload::Uploader, reqs| {
             if in_place {
-                io.weights_in_place(reqs, Vec::new())
+                io.weights_in_place(need, reqs, Vec::new())
             } else {
-                io.weights(reqs, Vec::new())
+                io.weights(need, reqs, Vec::new())
             }
         };
         let mut tickets: std::collections::VecDeque<Ticket<JobResult>> = Default::default();

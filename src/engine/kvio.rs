@@ -82,11 +82,11 @@ impl Engine {
         if restore.is_empty() {
             return Ok(());
         }
-        // Waited for at once: needed before anything queued.
-        self.io_.set_need(0);
         for l in 0..self.layers.len() {
             let base = self.map.home_base(seq);
+            // Waited for at once: needed before anything queued.
             let tk = self.io_.kv_pages(
+                0,
                 Priority::HotKv,
                 seq,
                 l as u32,

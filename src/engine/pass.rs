@@ -67,7 +67,7 @@ fn plan_rounds(
 impl Engine {
     /// The need stamp of layer `l`'s bytes in this pass (`next`: in the pass after it): layers
     /// count on across passes, the output head after the last layer.
-    fn need_of(&self, l: usize, next: bool) -> u64 {
+    pub(super) fn need_of(&self, l: usize, next: bool) -> u64 {
         (self.pass_no + next as u64) * (self.layers.len() as u64 + 1) + l as u64
     }
 
@@ -75,7 +75,7 @@ impl Engine {
     /// or (`next`) the next one.
     pub(super) fn queue_weights(&mut self, si: usize, next: bool) {
         let l = self.streamed[si];
-        self.io_.set_need(self.need_of(l, next));
+        let need = self.need_of(l, next);
         // Ask for the streamed layer after this one ahead of its read.
         if let Some(&after) = self.streamed.get((si + 1) % self.streamed.len()) {
             for t in &self.plan.layers[after].files {
@@ -100,9 +100,9 @@ impl Engine {
             hints.push((t.offset, t.n_bytes));
         }
         self.weight_tickets[si] = Some(if self.in_place {
-            self.io_.weights_in_place(reqs, hints)
+            self.io_.weights_in_place(need, reqs, hints)
         } else {
-            self.io_.weights(reqs, hints)
+            self.io_.weights(need, reqs, hints)
         });
     }
 
@@ -171,13 +171,13 @@ impl Engine {
         seq: u32,
         loads: &[(u32, u32)],
     ) -> Ticket<JobResult> {
-        self.io_.set_need(self.need_of(l, false));
         let admit = if self.plan.kv.selects_layer(l) {
             Admit::Lru
         } else {
             Admit::Pinned
         };
         self.io_.kv_pages(
+            self.need_of(l, false),
             prio,
             seq,
             l as u32,
@@ -202,10 +202,10 @@ impl Engine {
         if pages.is_empty() {
             return;
         }
-        self.io_.set_need(self.need_of(l, false));
+        let need = self.need_of(l, false);
         let t = self
             .io_
-            .prefetch_pages(0, l as u32, pages, self.plan.kv.page_bytes);
+            .prefetch_pages(need, 0, l as u32, pages, self.plan.kv.page_bytes);
         self.pending_prefetch.push(t);
     }
 

@@ -77,9 +77,6 @@ pub struct Uploader {
     pub store: Option<Arc<KvStore>>,
     pub prefetched: PrefetchBuf,
     t0: Instant,
-    /// The need stamp of the jobs queued next (see [`TransferQueue::submit_at`]): the engine
-    /// sets it to the layer ordinal the bytes are for before queueing them.
-    need: std::sync::atomic::AtomicU64,
 }
 
 impl Uploader {
@@ -101,79 +98,58 @@ impl Uploader {
             store: None,
             prefetched: Arc::new(Mutex::new(HashMap::new())),
             t0,
-            need: std::sync::atomic::AtomicU64::new(0),
         }
-    }
-
-    /// Stamp the jobs queued from now on as needed at `need`.
-    pub fn set_need(&self, need: u64) {
-        self.need.store(need, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    fn need(&self) -> u64 {
-        self.need.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub fn source(&self) -> &Arc<dyn WeightSource> {
         &self.source
     }
 
-    /// Queue weight ranges of the model file.
-    pub fn weights(&self, reqs: Vec<OwnedReq>, hints: Vec<(u64, u64)>) -> Ticket<JobResult> {
+    /// Queue weight ranges of the model file, needed at `need` (the layer ordinal, see
+    /// [`TransferQueue::submit_at`]).
+    pub fn weights(
+        &self,
+        need: u64,
+        reqs: Vec<OwnedReq>,
+        hints: Vec<(u64, u64)>,
+    ) -> Ticket<JobResult> {
         let ring = self.ring.clone();
         let ctx = self.ctx.clone();
         let source = self.source.clone();
         let t0 = self.t0;
-        self.queue
-            .submit_at(self.need(), Priority::Weights, move || {
-                let start = t0.elapsed().as_secs_f64();
-                let Some(ring) = ring else {
-                    return Err("no staging ring".to_string());
-                };
-                let upload = run_batch(&ctx, &ring, source.as_ref(), &reqs)?;
-                for (off, len) in hints {
-                    source.release(off, len);
-                }
-                Ok(JobReport {
-                    upload,
-                    start,
-                    end: t0.elapsed().as_secs_f64(),
-                    kv: KvFetch::default(),
-                })
-            })
+        self.queue.submit_at(need, Priority::Weights, move || {
+            let start = t0.elapsed().as_secs_f64();
+            let Some(ring) = ring else {
+                return Err("no staging ring".to_string());
+            };
+            let upload = run_batch(&ctx, &ring, source.as_ref(), &reqs)?;
+            Ok(weights_done(source.as_ref(), hints, upload, start, t0))
+        })
     }
 
     /// Queue weight ranges read straight into mappable device buffers (no staging copy): each
     /// destination is mapped once the device is done with it, filled from the file, unmapped.
     pub fn weights_in_place(
         &self,
+        need: u64,
         reqs: Vec<OwnedReq>,
         hints: Vec<(u64, u64)>,
     ) -> Ticket<JobResult> {
         let ctx = self.ctx.clone();
         let source = self.source.clone();
         let t0 = self.t0;
-        self.queue
-            .submit_at(self.need(), Priority::Weights, move || {
-                let start = t0.elapsed().as_secs_f64();
-                let mut upload = UploadStats::default();
-                for r in &reqs {
-                    let (w, rd) = fill_in_place(&ctx, source.as_ref(), r)?;
-                    upload.wait_s += w;
-                    upload.read_s += rd;
-                    upload.bytes += r.len;
-                    upload.chunks += 1;
-                }
-                for (off, len) in hints {
-                    source.release(off, len);
-                }
-                Ok(JobReport {
-                    upload,
-                    start,
-                    end: t0.elapsed().as_secs_f64(),
-                    kv: KvFetch::default(),
-                })
-            })
+        self.queue.submit_at(need, Priority::Weights, move || {
+            let start = t0.elapsed().as_secs_f64();
+            let mut upload = UploadStats::default();
+            for r in &reqs {
+                let (w, rd) = fill_in_place(&ctx, source.as_ref(), r)?;
+                upload.wait_s += w;
+                upload.read_s += rd;
+                upload.bytes += r.len;
+                upload.chunks += 1;
+            }
+            Ok(weights_done(source.as_ref(), hints, upload, start, t0))
+        })
     }
 
     /// Queue KV pages of (seq, layer) into stream-pool slots: (page, slot) pairs. Pages come
@@ -182,6 +158,7 @@ impl Uploader {
     #[allow(clippy::too_many_arguments)]
     pub fn kv_pages(
         &self,
+        need: u64,
         prio: Priority,
         seq: u32,
         layer: u32,
@@ -196,7 +173,7 @@ impl Uploader {
         let store = self.store.clone();
         let pre = self.prefetched.clone();
         let t0 = self.t0;
-        self.queue.submit_at(self.need(), prio, move || {
+        self.queue.submit_at(need, prio, move || {
             let start = t0.elapsed().as_secs_f64();
             let (Some(ring), Some(store)) = (ring, store) else {
                 return Err("KV pages streamed without a staging ring or page file".to_string());
@@ -256,6 +233,7 @@ impl Uploader {
     /// Read pages of (seq, layer) into host memory ahead of need (predictive prefetch).
     pub fn prefetch_pages(
         &self,
+        need: u64,
         seq: u32,
         layer: u32,
         pages: Vec<u32>,
@@ -265,37 +243,55 @@ impl Uploader {
         let store = self.store.clone();
         let pre = self.prefetched.clone();
         let t0 = self.t0;
-        self.queue
-            .submit_at(self.need(), Priority::ColdKv, move || {
-                let start = t0.elapsed().as_secs_f64();
-                let Some(store) = store else {
-                    return Err("no KV page file".to_string());
-                };
-                let pb = page_bytes as usize;
-                let loads: Vec<(u32, u32)> = pages.iter().map(|&p| (p, 0)).collect();
-                let mut host = vec![0u8; loads.len() * pb];
-                let mut kv = KvFetch::default();
-                let mut missing = Vec::new();
-                for (i, &(page, _)) in loads.iter().enumerate() {
-                    if cache.budget() > 0 && cache.contains(kv_key(seq, layer, page)) {
-                        continue;
-                    }
-                    missing.push(i);
+        self.queue.submit_at(need, Priority::ColdKv, move || {
+            let start = t0.elapsed().as_secs_f64();
+            let Some(store) = store else {
+                return Err("no KV page file".to_string());
+            };
+            let pb = page_bytes as usize;
+            let loads: Vec<(u32, u32)> = pages.iter().map(|&p| (p, 0)).collect();
+            let mut host = vec![0u8; loads.len() * pb];
+            let mut kv = KvFetch::default();
+            let mut missing = Vec::new();
+            for (i, &(page, _)) in loads.iter().enumerate() {
+                if cache.budget() > 0 && cache.contains(kv_key(seq, layer, page)) {
+                    continue;
                 }
-                read_runs(&store, seq, layer, &loads, &missing, pb, &mut host, &mut kv)?;
-                let mut pf = pre.lock().unwrap_or_else(|p| p.into_inner());
-                // What was read ahead for this layer's previous token and not used is stale now.
-                pf.retain(|&(l, _), _| l != layer);
-                for &i in &missing {
-                    pf.insert((layer, loads[i].0), host[i * pb..(i + 1) * pb].to_vec());
-                }
-                Ok(JobReport {
-                    start,
-                    end: t0.elapsed().as_secs_f64(),
-                    kv,
-                    ..Default::default()
-                })
+                missing.push(i);
+            }
+            read_runs(&store, seq, layer, &loads, &missing, pb, &mut host, &mut kv)?;
+            let mut pf = pre.lock().unwrap_or_else(|p| p.into_inner());
+            // What was read ahead for this layer's previous token and not used is stale now.
+            pf.retain(|&(l, _), _| l != layer);
+            for &i in &missing {
+                pf.insert((layer, loads[i].0), host[i * pb..(i + 1) * pb].to_vec());
+            }
+            Ok(JobReport {
+                start,
+                end: t0.elapsed().as_secs_f64(),
+                kv,
+                ..Default::default()
             })
+        })
+    }
+}
+
+/// The end of a weight job: the read ranges go back to the source (`hints`), and its report.
+fn weights_done(
+    source: &dyn WeightSource,
+    hints: Vec<(u64, u64)>,
+    upload: UploadStats,
+    start: f64,
+    t0: Instant,
+) -> JobReport {
+    for (off, len) in hints {
+        source.release(off, len);
+    }
+    JobReport {
+        upload,
+        start,
+        end: t0.elapsed().as_secs_f64(),
+        kv: KvFetch::default(),
     }
 }
 
