@@ -248,7 +248,8 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
 #endif
 
 #ifdef LANES
-// One subgroup of 8 lanes per (head, row, split), no workgroup memory or barriers (CPU
+// Where the head dim is not a multiple of 8 (else attention_tiled.wgsl's `main_group` runs):
+// one subgroup of 8 lanes per (head, row, split), no workgroup memory or barriers (CPU
 // rasterizers run a subgroup as one SIMD row, and barriers cost them more than the work): lane
 // i takes keys k0 + i, k0 + i + 8, ... with its own online softmax over its keys and its own
 // accumulator; the lanes' states are folded with subgroup operations at the end and written in

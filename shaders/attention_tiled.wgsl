@@ -15,8 +15,15 @@
 // [split * SPLIT, min(split * SPLIT + SPLIT, scan)) of the row's own scan, and the results
 // differ from `main`'s only by rounding.
 //
-// Defines: HD8 = head_dim / 8; TILE; KV_F16 (pools of f16 pairs packed in u32 words, else
-// f32); SOFTCAP; SWA.
+// With GROUP (`main_group`, decode on CPU rasterizers, which run a subgroup of 8 lanes as one
+// SIMD row) the lanes split the head dim instead: one subgroup per (KV head and block of GB of
+// its G query heads, row, split); lane i takes dims [8b, 8b + 8) for the blocks b = i, i + 8,
+// ... (NB of them), so a K or V row is read once, in one load per lane, for all the block's
+// heads. Each head's score is the subgroup sum of the lanes' partial dot products; chunks,
+// masking and rescaling are those of `main_tiled`.
+//
+// Defines: HD8 = head_dim / 8; TILE; GROUP with G (query heads per KV head), GB and NB =
+// ceil(HD8 / 8); KV_F16 (pools of f16 pairs packed in u32 words, else f32); SOFTCAP; SWA.
 
 #include "attention_params"
 
@@ -73,6 +80,166 @@ fn page_base(e: u32, kvh: u32) -> u32 {
     return ((slot & ~STREAM) * p.page_elems + kvh * p.head_dim) | (slot & STREAM);
 }
 
+#ifdef GROUP
+@compute @workgroup_size(8)
+fn main_group(@builtin(subgroup_invocation_id) lane: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let t = wid.y;
+    let z = wid.z;
+    if (t >= step.n_tokens || z >= table[p.table_base + 2u]) {
+        return;
+    }
+    let blocks = (G + GB - 1u) / GB;
+    let kvh = wid.x / blocks;
+    let g0 = (wid.x % blocks) * GB;
+    let hd = p.head_dim;
+    let row = rows[t];
+    let sb = p.table_base + 4u + row.x * p.seq_stride;
+    let kbase = table[sb + 2u];
+    let scan = min(table[sb + 1u], select(0u, row.y + 1u - kbase, row.y + 1u > kbase));
+    let lo = min((table[p.table_base] + z) * SPLIT, scan);
+    let hi = min(lo + SPLIT, scan);
+    // This lane's query slices: 8 dims (two vec4s) of each of its blocks, for each head.
+    var qv: array<array<vec4<f32>, 2 * NB>, GB>;
+    for (var gi = 0u; gi < GB; gi++) {
+        let h = kvh * G + min(g0 + gi, G - 1u);
+        let qb4 = (t * p.q_stride + h * hd) >> 2u;
+        for (var k = 0u; k < NB; k++) {
+            let b = lane + 8u * k;
+            if (b < HD8) {
+                qv[gi][2u * k] = q4[qb4 + 2u * b];
+                qv[gi][2u * k + 1u] = q4[qb4 + 2u * b + 1u];
+            }
+        }
+    }
+    var m: array<f32, GB>;
+    var l: array<f32, GB>;
+    for (var gi = 0u; gi < GB; gi++) {
+        m[gi] = -1.0e30;
+    }
+    var acc: array<array<vec4<f32>, 2 * NB>, GB>;
+    let vofs = p.page_tokens * p.kv_dim;
+    var pe = lo / p.page_tokens;
+    var r = lo - pe * p.page_tokens;
+    var pbase = page_base(sb + 4u + 2u * pe, kvh);
+#ifdef SWA
+    var ppos = table[sb + 4u + 2u * pe] * p.page_tokens;
+#endif
+    for (var c0 = lo; c0 < hi; c0 += CH) {
+        let cn = min(CH, hi - c0);
+        var sv: array<array<f32, GB>, CH>;
+        var kbs: array<u32, CH>;
+        var valid = 0u;
+        var cmax = m;
+        for (var i = 0u; i < CH; i++) {
+            if (i < cn) {
+                let jj = c0 + i;
+                let kb = pbase + r * p.kv_dim;
+                kbs[i] = kb;
+                var part_dot: array<f32, GB>;
+                for (var k = 0u; k < NB; k++) {
+                    let b = lane + 8u * k;
+                    if (b < HD8) {
+                        let kk = kv8_at(kb + 8u * b);
+                        for (var gi = 0u; gi < GB; gi++) {
+                            part_dot[gi] += dot(qv[gi][2u * k], kk[0])
+                                + dot(qv[gi][2u * k + 1u], kk[1]);
+                        }
+                    }
+                }
+                var ok = true;
+#ifdef SWA
+                let kpos = ppos + r;
+                ok = row.y < kpos || row.y - kpos < p.window;
+#endif
+                if (ok) {
+                    valid |= 1u << i;
+                }
+                for (var gi = 0u; gi < GB; gi++) {
+                    var s = subgroupAdd(part_dot[gi]) * p.scale;
+#ifdef SOFTCAP
+                    s = p.softcap * tanh_s(s / p.softcap);
+#endif
+                    sv[i][gi] = s;
+                    if (ok) {
+                        cmax[gi] = max(cmax[gi], s);
+                    }
+                }
+                r += 1u;
+                if (r == p.page_tokens && jj + 1u < hi) {
+                    r = 0u;
+                    pe += 1u;
+                    pbase = page_base(sb + 4u + 2u * pe, kvh);
+#ifdef SWA
+                    ppos = table[sb + 4u + 2u * pe] * p.page_tokens;
+#endif
+                }
+            }
+        }
+        for (var gi = 0u; gi < GB; gi++) {
+            let alpha = exp(m[gi] - cmax[gi]);
+            l[gi] *= alpha;
+            for (var d4 = 0u; d4 < 2u * NB; d4++) {
+                acc[gi][d4] *= alpha;
+            }
+        }
+        for (var i = 0u; i < CH; i++) {
+            if (i < cn) {
+                let ok = (valid & (1u << i)) != 0u;
+                var pj: array<f32, GB>;
+                for (var gi = 0u; gi < GB; gi++) {
+                    pj[gi] = select(0.0, exp(sv[i][gi] - cmax[gi]), ok);
+                    l[gi] += pj[gi];
+                }
+                let vb = kbs[i] + vofs;
+                for (var k = 0u; k < NB; k++) {
+                    let b = lane + 8u * k;
+                    if (b < HD8) {
+                        let v = kv8_at(vb + 8u * b);
+                        for (var gi = 0u; gi < GB; gi++) {
+                            acc[gi][2u * k] += pj[gi] * v[0];
+                            acc[gi][2u * k + 1u] += pj[gi] * v[1];
+                        }
+                    }
+                }
+            }
+        }
+        m = cmax;
+    }
+    let only = table[p.table_base + 1u] == 3u && table[p.table_base + 2u] == 1u;
+    for (var gi = 0u; gi < GB; gi++) {
+        if (g0 + gi >= G) {
+            break;
+        }
+        let h = kvh * G + g0 + gi;
+        let pb = ((z * step.n_tokens + t) * p.n_heads + h) * (hd + 2u);
+        for (var k = 0u; k < NB; k++) {
+            let b = lane + 8u * k;
+            if (b < HD8) {
+                for (var j = 0u; j < 2u; j++) {
+                    let a = acc[gi][2u * k + j];
+                    let d = 8u * b + 4u * j;
+                    part[pb + d] = a.x;
+                    part[pb + d + 1u] = a.y;
+                    part[pb + d + 2u] = a.z;
+                    part[pb + d + 3u] = a.w;
+                    if (only) {
+                        let ob = t * p.o_stride + h * hd + d;
+                        let li = l[gi];
+                        o[ob] = a.x / li;
+                        o[ob + 1u] = a.y / li;
+                        o[ob + 2u] = a.z / li;
+                        o[ob + 3u] = a.w / li;
+                    }
+                }
+            }
+        }
+        if (lane == 0u) {
+            part[pb + hd] = m[gi];
+            part[pb + hd + 1u] = l[gi];
+        }
+    }
+}
+#else
 @compute @workgroup_size(TILE)
 fn main_tiled(@builtin(local_invocation_index) lane: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let n = step.n_tokens;
@@ -196,3 +363,4 @@ fn main_tiled(@builtin(local_invocation_index) lane: u32, @builtin(workgroup_id)
     part[pb + hd] = m;
     part[pb + hd + 1u] = l;
 }
+#endif

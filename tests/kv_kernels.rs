@@ -223,9 +223,10 @@ fn attend(
 #[test]
 fn paged_attention_matches_reference_over_pages_pools_and_rounds() {
     let Some(mut ctx) = common::gpu() else { return };
-    // Every attention kernel: the workgroup one, keys across the lanes of one subgroup where
-    // the device has 8-wide subgroups, and the row-tiled prefill kernel at both tile widths
-    // (8 rows with lane kernels, 32 without).
+    // Every attention kernel: the workgroup one; where the device has 8-wide subgroups, the
+    // lane kernels (a KV head's query heads per subgroup with the head dim across its lanes,
+    // or keys across the lanes where the head dim is not a multiple of 8); and the row-tiled
+    // prefill kernel at both tile widths (8 rows with lane kernels, 32 without).
     let lane_modes: &[bool] = if ctx.subgroups8 {
         &[false, true]
     } else {
@@ -252,6 +253,9 @@ fn attention_cases(ctx: &GpuContext, lanes: bool, tiled: bool) {
         // Rows across tiles of 8 and not filling the last one; a page of 7 tokens.
         (9, 3, 64, 16, 1300, 13, true),
         (4, 2, 40, 7, 530, 37, false),
+        // More query heads per KV head than one decode subgroup serves (blocks of 8).
+        (9, 1, 64, 16, 700, 2, true),
+        (16, 1, 32, 8, 600, 3, false),
     ];
     // Sliding windows (some reaching past a split, some inside one page) and soft-capping.
     let windowed = [

@@ -94,15 +94,15 @@ fn matmul_rates(ctx: &GpuContext, ty: GgmlType, rows: u32, cols: u32) -> BenchRe
     Ok((decode, prefill))
 }
 
-/// KV bytes per second of attention over 2048 keys, all heads: `rows` = 1 is a decode step;
-/// more rows are a prefill batch of one sequence ending at the last key (the row-tiled kernel
-/// where the head dim allows), each row counting the keys it attends.
-fn attention_rate(
+/// KV bytes per second of attention over `keys` keys (a multiple of 64), all heads: `rows` = 1
+/// is a decode step; more rows are a prefill batch of one sequence ending at the last key (the
+/// row-tiled kernel where the head dim allows), each row counting the keys it attends.
+pub fn attention_rate(
     ctx: &GpuContext,
     cfg: &crate::model::config::ModelConfig,
     rows: u32,
+    keys: u32,
 ) -> BenchResult<f64> {
-    let keys = 2048u32;
     let page = 64u32;
     let kv_dim = (cfg.n_kv_heads * cfg.head_dim) as u32;
     let pages = keys / page;
@@ -256,8 +256,8 @@ pub fn run(model: &LoadedModel, gpu: &GpuOptions) -> BenchResult<Calibration> {
     let b = ctx.storage("b", 16)?;
     let empty = vec![kernels::empty_dispatch(&ctx, &s, &a, &b)?];
     let dispatch_s = time_list(&ctx, &empty, 1, 2000)? / 2000.0;
-    let attn_gb_s = attention_rate(&ctx, &model.cfg, 1)?;
-    let prefill_attn_gb_s = attention_rate(&ctx, &model.cfg, 64)?;
+    let attn_gb_s = attention_rate(&ctx, &model.cfg, 1, 2048)?;
+    let prefill_attn_gb_s = attention_rate(&ctx, &model.cfg, 64, 2048)?;
     eprintln!(
         "dispatch {:.1} µs, attention {attn_gb_s:.2} GB/s of KV (decode), {prefill_attn_gb_s:.2} GB/s over the rows of a 64-row prefill",
         dispatch_s * 1e6

@@ -199,7 +199,8 @@ pub struct GpuContext {
     /// The device was opened with subgroup operations and its subgroups are always 8 wide.
     pub subgroups8: bool,
     /// Attention and RMSNorm run as workgroups of one 8-lane subgroup that combine their lanes
-    /// with subgroup operations (attention: one per (head, row, split), keys across the lanes),
+    /// with subgroup operations (decode attention: one per (KV head, row, split), the head dim
+    /// across the lanes),
     /// with no workgroup memory or barriers: chosen on CPU rasterizers with 8-wide subgroups,
     /// where barriers cost more than the work (tests switch it).
     pub lane_kernels: bool,

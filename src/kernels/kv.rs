@@ -176,7 +176,25 @@ pub fn attention_partial(
     s: &KvShape,
 ) -> Result<Dispatch, KernelError> {
     s.check("attention")?;
-    // CPU rasterizers: a subgroup per (head, row, split), keys across its lanes.
+    // CPU rasterizers: a subgroup per (KV head, row, split) with the head dim across its
+    // lanes, so each K and V row is read once for the group's query heads (see
+    // attention_tiled.wgsl); else, a subgroup per (head, row, split) with keys across lanes.
+    if ctx.lane_kernels && attention_tiles(s.head_dim) {
+        let group = s.n_heads / s.n_kv_heads.max(1);
+        let gb = group.min(GROUP_HEADS);
+        let defines = attn_defines(s)
+            .flag("GROUP")
+            .val("G", format!("{group}u"))
+            .val("GB", format!("{gb}u"))
+            .val("HD8", format!("{}u", s.head_dim / 8))
+            .val("NB", format!("{}u", (s.head_dim / 8).div_ceil(8)))
+            .val("TILE", "8u".to_string());
+        let pipeline = ctx
+            .pipelines
+            .get(&ctx.device, "attention_tiled", "main_group", &defines)?;
+        let x = s.n_kv_heads * group.div_ceil(gb);
+        return split_dispatch(ctx, "attention", pipeline, s, &b.list(), x, 1);
+    }
     let lanes = ctx.lane_kernels && s.head_dim.is_multiple_of(4);
     let (entry, defines) = if lanes {
         let d = attn_defines(s)
@@ -189,16 +207,20 @@ pub fn attention_partial(
     let pipeline = ctx
         .pipelines
         .get(&ctx.device, "attention", entry, &defines)?;
-    split_dispatch(ctx, "attention", pipeline, s, &b.list(), 1)
+    split_dispatch(ctx, "attention", pipeline, s, &b.list(), s.n_heads, 1)
 }
 
-/// A split-wise attention dispatch: grid (heads, ceil(rows / tile), round splits).
+/// Query heads one decode attention subgroup serves (its KV head's, in blocks of at most this).
+const GROUP_HEADS: u32 = 8;
+
+/// A split-wise attention dispatch: grid (`x` head groups, ceil(rows / tile), round splits).
 fn split_dispatch(
     ctx: &GpuContext,
     label: &'static str,
     pipeline: std::sync::Arc<wgpu::ComputePipeline>,
     s: &KvShape,
     buffers: &[&wgpu::Buffer],
+    x: u32,
     tile: u32,
 ) -> Result<Dispatch, KernelError> {
     let params = params_buffer(ctx, "attention params", &attn_params(s))?;
@@ -208,7 +230,7 @@ fn split_dispatch(
         pipeline,
         params,
         buffers,
-        [s.n_heads, 1, s.round_splits.max(1)],
+        [x, 1, s.round_splits.max(1)],
         TokenAxis::Y(tile),
     );
     d.splits_z = true;
@@ -247,7 +269,16 @@ pub fn attention_tiled(
     let pipeline = ctx
         .pipelines
         .get(&ctx.device, "attention_tiled", "main_tiled", &defines)?;
-    split_dispatch(ctx, "attention tiled", pipeline, s, &b.list(), tile).map(Some)
+    split_dispatch(
+        ctx,
+        "attention tiled",
+        pipeline,
+        s,
+        &b.list(),
+        s.n_heads,
+        tile,
+    )
+    .map(Some)
 }
 
 /// Fold a round's partials into the running state; after the last round write the output.

@@ -14,6 +14,11 @@ in the recent window (p + win > the row's page) or among the kept candidates
   cent[W]...  W x centroid score + (1 - W) x bound
   ...perkv    each KV head selects its own pages (reads their union)
   ...massall  mass relative to the best bound including the sink and window; ...T<x> scales it
+  oracle      rank by the true attention mass of each page (sum over heads of its softmax share,
+              from the exact scores): the best any ranking of these pages could do
+  ...summ     pages not kept still count, as one pseudo-key each: the page's mean key (logit
+              + ln(page tokens)) carrying its mean value; ...summv adds the second-order term
+              (1/2) sum_d q_d^2 var(k_d) of the page's per-channel key variance
 
 Usage (ids: the text's token ids, comma-separated, from the engine's tokenizer):
     quest_sim.py --model M.gguf --ids ids.txt --ctx 4096 --chunks 2 --page 64 --win 2 \
@@ -86,6 +91,15 @@ def select_mask(variant, q, K, first, T):
     qp = np.maximum(qh, 0); qn = qh - qp
     sc = np.einsum("rhd,shd->rsh", qp, hih) + np.einsum("rhd,shd->rsh", qn, loh)  # [R, ns, H]
     sc = sc.reshape(R, npages, nsub, H).max(2)  # page score per head
+    if variant.startswith("oracle"):
+        # exact per-page mass: log-sum-exp of the row's scores over the page's keys, per head
+        Kf = Kp[:, kv_of, :]  # [T, H, hd]
+        sc = np.full((R, npages, H), -np.inf, f)
+        for p_ in range(npages):
+            blk = Kf[p_ * P:(p_ + 1) * P]  # [P, H, hd]
+            z = np.einsum("rhd,jhd->rjh", qh, blk) * f(m.scale)
+            zm = z.max(1)
+            sc[:, p_, :] = (zm + np.log(np.exp(z - zm[:, None, :]).sum(1))) / f(m.scale)
     if "cent" in variant:
         cen = np.stack([Kp[p * P:(p + 1) * P].mean(0) for p in range(npages)])[:, kv_of, :]
         sc2 = np.einsum("rhd,phd->rph", qh, cen)
@@ -138,7 +152,15 @@ def select_mask(variant, q, K, first, T):
         mask_pages[r, [cand[i] for i in order]] = True
         sel_count += mask_pages[r].sum()
     tokmask = np.repeat(mask_pages, P, axis=-1)[..., :T]
-    return rows, tokmask, sel_count / R
+    # candidates left out: summarised pages (complete, before the window)
+    unsel = np.zeros((R, npages), bool)
+    if not per_kv:
+        for r in range(R):
+            t = top[r]
+            for p in range(1, t):
+                if p + a.win <= t and not mask_pages[r, p]:
+                    unsel[r, p] = True
+    return rows, tokmask, sel_count / R, unsel
 
 def forward(tokens, variant):
     T = len(tokens)
@@ -154,10 +176,17 @@ def forward(tokens, variant):
         k = k.astype(np.float16).astype(f); v = v.astype(np.float16).astype(f)
         Kh = k.reshape(T, KVH, hd); Vh = v.reshape(T, KVH, hd); Qh = q.reshape(T, H, hd)
         if variant != "exact" and l >= a.dense:
-            rows, tm, avg = select_mask(variant, q, k, first, T)
+            rows, tm, avg, unsel = select_mask(variant, q, k, first, T)
             att_pages.append(avg)
         else:
-            rows, tm = None, None
+            rows, tm, unsel = None, None, None
+        summ = rows is not None and "summ" in variant
+        if summ:
+            npg = T // P
+            Km = Kh[:npg * P].reshape(npg, P, KVH, hd)
+            kmean = Km.mean(1); kvar = Km.var(1)
+            vmean = Vh[:npg * P].reshape(npg, P, KVH, hd).mean(1)
+            un = unsel[:, :npg]
         o = np.zeros((T, H, hd), f)
         for hh in range(H):
             kvh = hh // G
@@ -167,6 +196,20 @@ def forward(tokens, variant):
                 sm = tm[:, kvh, :] if tm.ndim == 3 else tm
                 msk[rows] &= sm
             S = np.where(msk, S, -np.inf)
+            if summ:
+                qr = Qh[rows, hh, :]
+                Ss = (qr @ kmean[:, kvh, :].T) * f(m.scale) + f(math.log(P))
+                if "summv" in variant:
+                    Ss = Ss + 0.5 * (qr * qr) @ kvar[:, kvh, :].T * f(m.scale) ** 2
+                Ss = np.where(un, Ss, -np.inf)
+                mx = np.maximum(S.max(1), np.concatenate([np.full(first + 1, -np.inf, f), Ss.max(1)]))
+                Pm = np.exp(S - mx[:, None])
+                Ps = np.exp(Ss - mx[rows][:, None])
+                den = Pm.sum(1); den[rows] += Ps.sum(1)
+                acc = Pm @ Vh[:, kvh, :]
+                acc[rows] += Ps @ vmean[:, kvh, :]
+                o[:, hh, :] = acc / den[:, None]
+                continue
             S = S - S.max(1, keepdims=True)
             Pm = np.exp(S); Pm /= Pm.sum(1, keepdims=True)
             o[:, hh, :] = Pm @ Vh[:, kvh, :]
