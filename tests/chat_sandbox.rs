@@ -73,9 +73,11 @@ fn template_errors_come_back_typed() {
 }
 
 /// A list holding itself twice, doubled 32 times in 32 cheap steps (4 billion leaves), then
-/// printed, serialized, joined or concatenated; and a deep list serialized with indentation
-/// (text quadratic in the depth). In process each of these runs for minutes or until memory
-/// runs out; the sandbox stops each at its deadline or memory limit.
+/// printed, serialized, joined or concatenated; a deep list serialized with indentation (text
+/// quadratic in the depth); a list of a long string repeated millions of times in one step (a
+/// lazy list, which costs no fuel until it is turned into text), then concatenated. In process
+/// each of these runs for minutes or until memory runs out; the sandbox stops each at its
+/// deadline or memory limit.
 #[test]
 fn unbounded_filters_are_stopped() {
     let dag = "{% set ns = namespace(x=[1]) %}{% for i in range(32) %}{% set ns.x = [ns.x, ns.x] %}{% endfor %}";
@@ -87,6 +89,7 @@ fn unbounded_filters_are_stopped() {
         format!("{dag}{{{{ ns.x|join(',') }}}}"),
         format!("{dag}{{{{ (ns.x ~ '')|length }}}}"),
         format!("{deep}{{{{ ns.x|tojson(indent=8)|length }}}}"),
+        format!("{{{{ (['{}', 'b'] * 2415219 ~ 333)|length }}}}", "y".repeat(400)),
     ] {
         let t = ChatTemplate::new(src.as_str(), "", "")
             .unwrap()
@@ -102,6 +105,32 @@ fn unbounded_filters_are_stopped() {
         }
         assert!(took < DEADLINE * 3, "{src}: stopped after {took:?}");
     }
+}
+
+/// The chat_template fuzzer's input that used 2.4 GB in process (lists of a 400-byte string
+/// repeated 2.4 million times, each turned into text by `~`) is stopped in the sandbox.
+#[test]
+fn the_fuzzer_input_that_ran_out_of_memory_is_stopped() {
+    let data = std::fs::read(format!(
+        "{}/tests/fixtures/chat/fuzz-oom-repeat-concat.bin",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .unwrap();
+    let text = String::from_utf8_lossy(&data[1..]).into_owned();
+    let mut parts = text.split('\u{0}');
+    let t = ChatTemplate::new(parts.next().unwrap(), "<s>", "</s>")
+        .unwrap()
+        .with_sandbox(sandbox());
+    let messages: Vec<ChatMessage> = parts.map(ChatMessage::user).collect();
+    let start = Instant::now();
+    let r = t.render(&messages, data[0] & 1 == 1);
+    let took = start.elapsed();
+    match r {
+        Err(ChatError::Limit(m)) => assert!(!m.is_empty()),
+        Err(ChatError::OutOfFuel { .. }) => {}
+        other => panic!("expected a stopped render, got {other:?}"),
+    }
+    assert!(took < DEADLINE * 3, "stopped after {took:?}");
 }
 
 #[test]
