@@ -80,6 +80,48 @@ fn page_base(e: u32, kvh: u32) -> u32 {
     return ((slot & ~STREAM) * p.page_elems + kvh * p.head_dim) | (slot & STREAM);
 }
 
+// A key cursor over a page list: the word of its list entry, its row in that page, the page's
+// K base for one KV head and the page's first position.
+struct Cursor {
+    e: u32,
+    r: u32,
+    base: u32,
+    pos: u32,
+}
+
+// The cursor at list key `key` of the list whose sequence record starts at word `sb`.
+fn cursor_at(sb: u32, key: u32, kvh: u32) -> Cursor {
+    let pe = key / p.page_tokens;
+    let e = sb + 4u + 2u * pe;
+    return Cursor(e, key - pe * p.page_tokens, page_base(e, kvh), table[e] * p.page_tokens);
+}
+
+// Steps to the next key; the next page's entry is read only when `more` keys follow.
+fn cursor_next(c: ptr<function, Cursor>, kvh: u32, more: bool) {
+    (*c).r += 1u;
+    if ((*c).r == p.page_tokens && more) {
+        (*c).r = 0u;
+        (*c).e += 2u;
+        (*c).base = page_base((*c).e, kvh);
+        (*c).pos = table[(*c).e] * p.page_tokens;
+    }
+}
+
+// Dims [d, d + 4) of a partial at word `pb` and, when `only` (the only split of the only
+// round), of the output at word `ob`: acc / l.
+fn put4(pb: u32, ob: u32, d: u32, a: vec4<f32>, l: f32, only: bool) {
+    part[pb + d] = a.x;
+    part[pb + d + 1u] = a.y;
+    part[pb + d + 2u] = a.z;
+    part[pb + d + 3u] = a.w;
+    if (only) {
+        o[ob + d] = a.x / l;
+        o[ob + d + 1u] = a.y / l;
+        o[ob + d + 2u] = a.z / l;
+        o[ob + d + 3u] = a.w / l;
+    }
+}
+
 #ifdef GROUP
 @compute @workgroup_size(8)
 fn main_group(@builtin(subgroup_invocation_id) lane: u32, @builtin(workgroup_id) wid: vec3<u32>) {
@@ -118,12 +160,7 @@ fn main_group(@builtin(subgroup_invocation_id) lane: u32, @builtin(workgroup_id)
     }
     var acc: array<array<vec4<f32>, 2 * NB>, GB>;
     let vofs = p.page_tokens * p.kv_dim;
-    var pe = lo / p.page_tokens;
-    var r = lo - pe * p.page_tokens;
-    var pbase = page_base(sb + 4u + 2u * pe, kvh);
-#ifdef SWA
-    var ppos = table[sb + 4u + 2u * pe] * p.page_tokens;
-#endif
+    var cur = cursor_at(sb, lo, kvh);
     for (var c0 = lo; c0 < hi; c0 += CH) {
         let cn = min(CH, hi - c0);
         var sv: array<array<f32, GB>, CH>;
@@ -133,7 +170,7 @@ fn main_group(@builtin(subgroup_invocation_id) lane: u32, @builtin(workgroup_id)
         for (var i = 0u; i < CH; i++) {
             if (i < cn) {
                 let jj = c0 + i;
-                let kb = pbase + r * p.kv_dim;
+                let kb = cur.base + cur.r * p.kv_dim;
                 kbs[i] = kb;
                 var part_dot: array<f32, GB>;
                 for (var k = 0u; k < NB; k++) {
@@ -148,7 +185,7 @@ fn main_group(@builtin(subgroup_invocation_id) lane: u32, @builtin(workgroup_id)
                 }
                 var ok = true;
 #ifdef SWA
-                let kpos = ppos + r;
+                let kpos = cur.pos + cur.r;
                 ok = row.y < kpos || row.y - kpos < p.window;
 #endif
                 if (ok) {
@@ -164,15 +201,7 @@ fn main_group(@builtin(subgroup_invocation_id) lane: u32, @builtin(workgroup_id)
                         cmax[gi] = max(cmax[gi], s);
                     }
                 }
-                r += 1u;
-                if (r == p.page_tokens && jj + 1u < hi) {
-                    r = 0u;
-                    pe += 1u;
-                    pbase = page_base(sb + 4u + 2u * pe, kvh);
-#ifdef SWA
-                    ppos = table[sb + 4u + 2u * pe] * p.page_tokens;
-#endif
-                }
+                cursor_next(&cur, kvh, jj + 1u < hi);
             }
         }
         for (var gi = 0u; gi < GB; gi++) {
@@ -215,22 +244,9 @@ fn main_group(@builtin(subgroup_invocation_id) lane: u32, @builtin(workgroup_id)
         for (var k = 0u; k < NB; k++) {
             let b = lane + 8u * k;
             if (b < HD8) {
-                for (var j = 0u; j < 2u; j++) {
-                    let a = acc[gi][2u * k + j];
-                    let d = 8u * b + 4u * j;
-                    part[pb + d] = a.x;
-                    part[pb + d + 1u] = a.y;
-                    part[pb + d + 2u] = a.z;
-                    part[pb + d + 3u] = a.w;
-                    if (only) {
-                        let ob = t * p.o_stride + h * hd + d;
-                        let li = l[gi];
-                        o[ob] = a.x / li;
-                        o[ob + 1u] = a.y / li;
-                        o[ob + 2u] = a.z / li;
-                        o[ob + 3u] = a.w / li;
-                    }
-                }
+                let ob = t * p.o_stride + h * hd;
+                put4(pb, ob, 8u * b, acc[gi][2u * k], l[gi], only);
+                put4(pb, ob, 8u * b + 4u, acc[gi][2u * k + 1u], l[gi], only);
             }
         }
         if (lane == 0u) {
@@ -271,13 +287,7 @@ fn main_tiled(@builtin(local_invocation_index) lane: u32, @builtin(workgroup_id)
     var l = 0.0;
     var acc: array<vec4<f32>, 2 * HD8>;
     let vofs = p.page_tokens * p.kv_dim;
-    // The key cursor: page list entry `pe`, row `r` in it, that page's K base.
-    var pe = lo / p.page_tokens;
-    var r = lo - pe * p.page_tokens;
-    var pbase = page_base(sb + 4u + 2u * pe, kvh);
-#ifdef SWA
-    var ppos = table[sb + 4u + 2u * pe] * p.page_tokens;
-#endif
+    var cur = cursor_at(sb, lo, kvh);
     for (var c0 = lo; c0 < hi; c0 += CH) {
         let cn = min(CH, hi - c0);
         var sv: array<f32, CH>;
@@ -287,7 +297,7 @@ fn main_tiled(@builtin(local_invocation_index) lane: u32, @builtin(workgroup_id)
         for (var i = 0u; i < CH; i++) {
             if (i < cn) {
                 let jj = c0 + i;
-                let kb = pbase + r * p.kv_dim;
+                let kb = cur.base + cur.r * p.kv_dim;
                 kbs[i] = kb;
                 var dotv = 0.0;
                 for (var d8 = 0u; d8 < HD8; d8++) {
@@ -300,7 +310,7 @@ fn main_tiled(@builtin(local_invocation_index) lane: u32, @builtin(workgroup_id)
 #endif
                 var ok = jj < k1;
 #ifdef SWA
-                let kpos = ppos + r;
+                let kpos = cur.pos + cur.r;
                 ok = ok && (row.y < kpos || row.y - kpos < p.window);
 #endif
                 sv[i] = s;
@@ -308,16 +318,7 @@ fn main_tiled(@builtin(local_invocation_index) lane: u32, @builtin(workgroup_id)
                     valid |= 1u << i;
                     cmax = max(cmax, s);
                 }
-                // Advance; a new page's entry is read only when a key follows.
-                r += 1u;
-                if (r == p.page_tokens && jj + 1u < hi) {
-                    r = 0u;
-                    pe += 1u;
-                    pbase = page_base(sb + 4u + 2u * pe, kvh);
-#ifdef SWA
-                    ppos = table[sb + 4u + 2u * pe] * p.page_tokens;
-#endif
-                }
+                cursor_next(&cur, kvh, jj + 1u < hi);
             }
         }
         let alpha = exp(m - cmax);
@@ -346,19 +347,7 @@ fn main_tiled(@builtin(local_invocation_index) lane: u32, @builtin(workgroup_id)
     let pb = ((z * step.n_tokens + t) * p.n_heads + h) * (hd + 2u);
     let only = table[p.table_base + 1u] == 3u && table[p.table_base + 2u] == 1u;
     for (var d4 = 0u; d4 < 2u * HD8; d4++) {
-        let a = acc[d4];
-        let d = 4u * d4;
-        part[pb + d] = a.x;
-        part[pb + d + 1u] = a.y;
-        part[pb + d + 2u] = a.z;
-        part[pb + d + 3u] = a.w;
-        if (only) {
-            let ob = t * p.o_stride + h * hd + d;
-            o[ob] = a.x / l;
-            o[ob + 1u] = a.y / l;
-            o[ob + 2u] = a.z / l;
-            o[ob + 3u] = a.w / l;
-        }
+        put4(pb, t * p.o_stride + h * hd, 4u * d4, acc[d4], l, only);
     }
     part[pb + hd] = m;
     part[pb + hd + 1u] = l;

@@ -3,6 +3,8 @@
 
 use std::time::{Duration, Instant};
 
+mod common;
+
 use flashlm::model::chat::{
     CHATML_TEMPLATE, ChatError, ChatMessage, ChatTemplate, MAX_TEMPLATE_BYTES, RECURSION_LIMIT,
 };
@@ -236,15 +238,9 @@ fn a_namespace_cannot_contain_itself() {
 /// A fixture in the chat_template fuzz target's input format: a flags byte, then the template
 /// and the messages, NUL-separated.
 fn fuzz_fixture(name: &str) -> (Result<ChatTemplate, ChatError>, Vec<ChatMessage>, bool) {
-    let data = std::fs::read(format!(
-        "{}/tests/fixtures/chat/{name}",
-        env!("CARGO_MANIFEST_DIR")
-    ))
-    .unwrap();
-    let text = String::from_utf8_lossy(&data[1..]).into_owned();
-    let mut parts = text.split('\u{0}');
-    let t = ChatTemplate::new(parts.next().unwrap(), "<s>", "</s>");
-    (t, parts.map(ChatMessage::user).collect(), data[0] & 1 == 1)
+    let f = common::chat_fixture(name);
+    let t = ChatTemplate::new(f.template, "<s>", "</s>");
+    (t, f.messages, f.generation_prompt)
 }
 
 #[test]

@@ -5,6 +5,8 @@
 
 use std::time::{Duration, Instant};
 
+mod common;
+
 use flashlm::model::chat::{ChatError, ChatMessage, ChatTemplate, Sandbox};
 
 const DEADLINE: Duration = Duration::from_secs(3);
@@ -89,7 +91,10 @@ fn unbounded_filters_are_stopped() {
         format!("{dag}{{{{ ns.x|join(',') }}}}"),
         format!("{dag}{{{{ (ns.x ~ '')|length }}}}"),
         format!("{deep}{{{{ ns.x|tojson(indent=8)|length }}}}"),
-        format!("{{{{ (['{}', 'b'] * 2415219 ~ 333)|length }}}}", "y".repeat(400)),
+        format!(
+            "{{{{ (['{}', 'b'] * 2415219 ~ 333)|length }}}}",
+            "y".repeat(400)
+        ),
     ] {
         let t = ChatTemplate::new(src.as_str(), "", "")
             .unwrap()
@@ -111,19 +116,12 @@ fn unbounded_filters_are_stopped() {
 /// repeated 2.4 million times, each turned into text by `~`) is stopped in the sandbox.
 #[test]
 fn the_fuzzer_input_that_ran_out_of_memory_is_stopped() {
-    let data = std::fs::read(format!(
-        "{}/tests/fixtures/chat/fuzz-oom-repeat-concat.bin",
-        env!("CARGO_MANIFEST_DIR")
-    ))
-    .unwrap();
-    let text = String::from_utf8_lossy(&data[1..]).into_owned();
-    let mut parts = text.split('\u{0}');
-    let t = ChatTemplate::new(parts.next().unwrap(), "<s>", "</s>")
+    let f = common::chat_fixture("fuzz-oom-repeat-concat.bin");
+    let t = ChatTemplate::new(f.template, "<s>", "</s>")
         .unwrap()
         .with_sandbox(sandbox());
-    let messages: Vec<ChatMessage> = parts.map(ChatMessage::user).collect();
     let start = Instant::now();
-    let r = t.render(&messages, data[0] & 1 == 1);
+    let r = t.render(&f.messages, f.generation_prompt);
     let took = start.elapsed();
     match r {
         Err(ChatError::Limit(m)) => assert!(!m.is_empty()),

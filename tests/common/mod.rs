@@ -67,3 +67,26 @@ pub fn scratch(name: &str) -> PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
+
+/// A `chat_template` fuzzer input kept in `tests/fixtures/chat/`: its first byte's low bit asks
+/// for the generation prompt; the rest is the template, then NUL-separated message contents
+/// (here all user messages).
+pub struct ChatFixture {
+    pub template: String,
+    pub messages: Vec<flashlm::model::chat::ChatMessage>,
+    pub generation_prompt: bool,
+}
+
+pub fn chat_fixture(name: &str) -> ChatFixture {
+    let path = format!("{}/tests/fixtures/chat/{name}", env!("CARGO_MANIFEST_DIR"));
+    let data = std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let (&flags, rest) = data.split_first().expect("an empty fixture");
+    let text = String::from_utf8_lossy(rest).into_owned();
+    let mut parts = text.split('\u{0}');
+    let template = parts.next().unwrap_or("").to_string();
+    ChatFixture {
+        template,
+        messages: parts.map(flashlm::model::chat::ChatMessage::user).collect(),
+        generation_prompt: flags & 1 == 1,
+    }
+}
