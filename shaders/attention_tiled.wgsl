@@ -22,7 +22,7 @@
 // heads. Each head's score is the subgroup sum of the lanes' partial dot products; chunks,
 // masking and rescaling are those of `main_tiled`.
 //
-// Defines: HD8 = head_dim / 8; TILE; GROUP with G (query heads per KV head), GB and NB =
+// Defines: HD8 = head_dim / 8; TILE (without GROUP); GROUP with G (query heads per KV head), GB and NB =
 // ceil(HD8 / 8); KV_F16 (pools of f16 pairs packed in u32 words, else f32); SOFTCAP; SWA.
 
 #include "attention_params"

@@ -320,7 +320,8 @@ pub fn run(model: &LoadedModel, gpu: &GpuOptions) -> BenchResult<Calibration> {
     let st = warm_median(&mut e, &prompt, &mut sm)?;
     let kernels = crate::plan::perf::predict_token(&cal, &e.token_work(st.selection_reuse));
     if kernels.compute_ms > 0.0 && st.ms_per_token > 0.0 {
-        cal.compute_scale = (st.ms_per_token / kernels.compute_ms).clamp(0.25, 4.0);
+        // Kept as measured; `compute_factor` bounds it where it is used.
+        cal.compute_scale = st.ms_per_token / kernels.compute_ms;
     }
     eprintln!(
         "compute: resident run {:.1} ms/token, kernels at their rates {:.1} ms: x{:.2}",

@@ -200,9 +200,8 @@ pub struct GpuContext {
     pub subgroups8: bool,
     /// Attention and RMSNorm run as workgroups of one 8-lane subgroup that combine their lanes
     /// with subgroup operations (decode attention: one per (KV head, row, split), the head dim
-    /// across the lanes),
-    /// with no workgroup memory or barriers: chosen on CPU rasterizers with 8-wide subgroups,
-    /// where barriers cost more than the work (tests switch it).
+    /// across the lanes), with no workgroup memory or barriers: chosen on CPU rasterizers with
+    /// 8-wide subgroups, where barriers cost more than the work (tests switch it).
     pub lane_kernels: bool,
     /// Timestamp queries inside compute passes are available (`--profile`).
     pub timestamps: bool,

@@ -187,8 +187,7 @@ pub fn attention_partial(
             .val("G", format!("{group}u"))
             .val("GB", format!("{gb}u"))
             .val("HD8", format!("{}u", s.head_dim / 8))
-            .val("NB", format!("{}u", (s.head_dim / 8).div_ceil(8)))
-            .val("TILE", "8u".to_string());
+            .val("NB", format!("{}u", (s.head_dim / 8).div_ceil(8)));
         let pipeline = ctx
             .pipelines
             .get(&ctx.device, "attention_tiled", "main_group", &defines)?;
