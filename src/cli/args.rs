@@ -112,6 +112,15 @@ bounded_parser!(parse_ctx, usize, "--ctx", 1, 1 << 22);
 bounded_parser!(parse_io_threads, usize, "--io-threads", 1, 256);
 bounded_parser!(parse_prefetch, usize, "--prefetch", 0, 64);
 bounded_parser!(parse_kv_page, u32, "--kv-page", 1, 1024);
+
+/// One entry of `--page-sweep`: a page size, or nothing (an empty list skips the sweep).
+fn parse_sweep_page(s: &str) -> Result<Option<u32>, String> {
+    if s.trim().is_empty() {
+        Ok(None)
+    } else {
+        parse_kv_page(s).map(Some)
+    }
+}
 bounded_parser!(parse_kv_window, u32, "--kv-window", 0, 1 << 16);
 bounded_parser!(parse_dense, u32, "--kv-select-dense-layers", 0, 4096);
 bounded_parser!(parse_ubatch, usize, "--ubatch", 1, 512);
@@ -453,8 +462,8 @@ pub enum BenchKind {
         cache_share: f64,
         /// Page sizes to compare at the S2 setting (comma list; empty: skip); the report
         /// names the one its rule picks.
-        #[arg(long, value_delimiter = ',', default_value = "16,32,64,128,256", value_parser = parse_kv_page)]
-        page_sweep: Vec<u32>,
+        #[arg(long, value_delimiter = ',', default_value = "16,32,64,128,256", value_parser = parse_sweep_page)]
+        page_sweep: Vec<Option<u32>>,
         /// Prompt tokens of the page sweep (each size prefills cold; default: --prompt-tokens).
         #[arg(long, value_parser = parse_tokens)]
         page_sweep_tokens: Option<usize>,
@@ -602,7 +611,7 @@ pub struct ServeArgs {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_cache_share;
+    use super::{parse_cache_share, parse_sweep_page};
 
     #[test]
     fn cache_share_is_a_percentage() {
@@ -612,6 +621,15 @@ mod tests {
         assert_eq!(parse_cache_share("100%"), Ok(1.0));
         for bad in ["101%", "-1", "lots", "", "nan"] {
             assert!(parse_cache_share(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn an_empty_page_sweep_is_no_sweep() {
+        assert_eq!(parse_sweep_page(""), Ok(None));
+        assert_eq!(parse_sweep_page("64"), Ok(Some(64)));
+        for bad in ["0", "2048", "x"] {
+            assert!(parse_sweep_page(bad).is_err(), "{bad:?}");
         }
     }
 }

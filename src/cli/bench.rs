@@ -212,7 +212,7 @@ pub fn bench(cli: &Cli, b: &BenchArgs) -> CliResult<()> {
                 runs: *runs,
                 ppl_chunks: *ppl_chunks,
                 cache_share: *cache_share,
-                page_sweep: page_sweep.clone(),
+                page_sweep: page_sweep.iter().flatten().copied().collect(),
                 page_sweep_tokens: *page_sweep_tokens,
                 cold_runs: *cold_runs,
             })?;

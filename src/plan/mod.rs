@@ -20,6 +20,7 @@ pub mod kvplan;
 pub mod perf;
 pub mod pipeline;
 pub mod placement;
+pub mod work;
 
 use thiserror::Error;
 

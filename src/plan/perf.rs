@@ -6,8 +6,9 @@
 //!   + dispatches × the cost of one dispatch + attended KV bytes ÷ the attention kernel's GB/s;
 //! - weight I/O W = streamed weight bytes not held in the host cache ÷ the flash rate of the I/O
 //!   mode, + streamed bytes ÷ the upload rate (the copy from staging memory to the device);
-//! - KV I/O K = the KV bytes the page hit-rate model says come from flash ÷ the flash rate,
-//!   + KV bytes brought to the device ÷ the upload rate;
+//! - KV I/O K = the KV bytes the page hit-rate model says come from flash ÷ the flash rate of
+//!   one reader at the size of a KV read (a run of pages), + KV bytes brought to the device ÷
+//!   the upload rate;
 //! - the layer-ahead pipeline overlaps compute with I/O: T = max(C, W + K) + β · min(C, W + K),
 //!   where β (0: perfect overlap, 1: none) is measured by calibration from a streamed run;
 //!   reads go through the staging ring one slot at a time (pieces of at most a slot), and a
@@ -22,9 +23,10 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::ExecPlan;
-use super::hitrate::{KvModelInput, KvPrediction, Policy, predict};
 use super::pipeline::{Stage, simulate_ring};
+pub use super::work::{
+    HeadWork, RunIo, StageWork, TokenWork, kv_prediction, streamed_weight_bytes, token_work,
+};
 
 /// Constants measured on one machine and adapter.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -210,63 +212,6 @@ impl Calibration {
     }
 }
 
-/// What one decoded token reads and runs, as the plan lays it out.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct TokenWork {
-    /// Weight bytes of each matrix product, by type name.
-    pub matmul_bytes: BTreeMap<String, u64>,
-    pub dispatches: u64,
-    /// KV bytes attention reads (all layers).
-    pub attn_bytes: u64,
-    /// Streamed weight bytes read from flash (after the host cache), and uploaded.
-    pub weight_flash_bytes: u64,
-    pub weight_upload_bytes: u64,
-    /// KV bytes from flash (after the host cache) and uploaded.
-    pub kv_flash_bytes: f64,
-    pub kv_upload_bytes: f64,
-    /// Piece size and threads of the flash reads; I/O mode.
-    pub piece: u64,
-    pub threads: usize,
-    pub mode: String,
-    /// The pass step by step (layers in order, then the head), for the pipeline simulation;
-    /// empty: compute and I/O overlap as a whole.
-    pub stages: Vec<StageWork>,
-    /// Layer slots streamed layers cycle through; reads go straight into them (no ring).
-    pub slots: usize,
-    pub in_place: bool,
-    /// The share of the largest streamed layer the staging ring holds, when below 1 (reads
-    /// beyond it wait for the device); None: a whole layer, or reads in place.
-    pub ring_share: Option<f64>,
-    /// The output head's part of the above (a prefill runs it once, for its last token).
-    pub head: HeadWork,
-    /// K and V bytes of one cached token over all layers: a prefilled row's attention reads
-    /// this much per token before it.
-    pub kv_bytes_per_key: u64,
-}
-
-/// The output head's matrix: its type, its bytes, and the bytes of it that stream (0 when
-/// resident; included in [`TokenWork::weight_upload_bytes`]).
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct HeadWork {
-    pub ty: String,
-    pub bytes: u64,
-    pub streamed_bytes: u64,
-}
-
-/// What one step of a pass reads and runs.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct StageWork {
-    /// Matrix weight bytes by type name.
-    pub matmul: BTreeMap<String, u64>,
-    /// Bytes read from flash (weights after the host cache, and KV pages) and copied from
-    /// staging to the device.
-    pub flash_bytes: f64,
-    pub upload_bytes: f64,
-    /// 0: a layer (layer slots), 1: the output head (chunk slots).
-    pub pool: usize,
-    pub pieces: usize,
-}
-
 /// A prediction, in milliseconds.
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct Prediction {
@@ -293,13 +238,14 @@ pub fn predict_token(c: &Calibration, w: &TokenWork) -> Prediction {
     let flash = c.flash_gb_s(&w.mode, w.piece, w.threads).max(1e-6) * 1e9;
     let up = c.upload_gb_s.max(1e-6) * 1e9;
     let weight_s = w.weight_flash_bytes as f64 / flash + w.weight_upload_bytes as f64 / up;
-    let kv_s = w.kv_flash_bytes / flash + w.kv_upload_bytes / up;
+    let kv_flash = kv_flash_rate(c, w, flash);
+    let kv_s = w.kv_flash_bytes / kv_flash + w.kv_upload_bytes / up;
     let io = weight_s + kv_s;
     let beta = c.overlap_beta.clamp(0.0, 1.0);
     let (pipelined, overlapped) = if w.stages.is_empty() {
         (compute_s.max(io), compute_s.min(io))
     } else {
-        let p = simulate_ring(&stages(c, w, flash, up), w.slots, w.in_place, w.ring_share);
+        let p = simulate_ring(&stages(c, w, flash, kv_flash, up), w.slots, w.in_place, w.ring_share);
         (p.total_s, (p.serial_s - p.total_s).max(0.0))
     };
     // What overlap does not hide on this machine (calibrated).
@@ -314,9 +260,19 @@ pub fn predict_token(c: &Calibration, w: &TokenWork) -> Prediction {
     }
 }
 
+/// Bytes per second of KV page reads: one thread reading runs of `w.kv_piece` bytes (the
+/// weights' rate when unknown).
+fn kv_flash_rate(c: &Calibration, w: &TokenWork, flash: f64) -> f64 {
+    if w.kv_piece == 0 {
+        flash
+    } else {
+        c.flash_gb_s(&w.mode, w.kv_piece, 1).max(1e-6) * 1e9
+    }
+}
+
 /// The stages of `w` in seconds: each layer's matrix products at the decode rates plus an equal
 /// share of the dispatches and attention; reads at the flash rate, copies at the upload rate.
-fn stages(c: &Calibration, w: &TokenWork, flash: f64, up: f64) -> Vec<Stage> {
+fn stages(c: &Calibration, w: &TokenWork, flash: f64, kv_flash: f64, up: f64) -> Vec<Stage> {
     let n_layers = w.stages.iter().filter(|s| s.pool == 0).count().max(1) as f64;
     let spread = (w.dispatches as f64 * c.dispatch_s
         + w.attn_bytes as f64 / (c.attn_gb_s.max(1e-6) * 1e9))
@@ -331,7 +287,7 @@ fn stages(c: &Calibration, w: &TokenWork, flash: f64, up: f64) -> Vec<Stage> {
                 .sum::<f64>()
                 + if s.pool == 0 { spread } else { 0.0 })
                 * c.compute_factor(),
-            read_s: s.flash_bytes / flash,
+            read_s: s.flash_bytes / flash + s.kv_flash_bytes / kv_flash,
             upload_s: s.upload_bytes / up,
             pool: s.pool,
             pieces: s.pieces,
@@ -395,245 +351,6 @@ pub fn predict_prefill(c: &Calibration, w: &TokenWork, past: usize, n: usize, ba
         total += compute.max(io) + beta * compute.min(io);
     }
     total * 1e3
-}
-
-/// Weight bytes that stream from flash each token under `plan` (streamed layers, and the head
-/// when it streams).
-pub fn streamed_weight_bytes(plan: &ExecPlan) -> u64 {
-    plan.streamed_layers()
-        .iter()
-        .map(|&l| plan.layers[l].files.iter().map(|t| t.n_bytes).sum::<u64>())
-        .sum::<u64>()
-        + if plan.placement.head_resident {
-            0
-        } else {
-            plan.head.info.n_bytes
-        }
-}
-
-/// The page hit-rate model for `plan` with `n_past` cached tokens, a host cache of `dram` bytes
-/// (weights pinned first) and selection reuse `reuse`.
-pub fn kv_prediction(plan: &ExecPlan, n_past: usize, dram: u64, reuse: f64) -> KvPrediction {
-    let kv = &plan.kv;
-    let n = n_past.max(1) as u64;
-    let pages = ((n - 1) / kv.page_tokens as u64 + 1) as u32;
-    let home = kv.home_pages.min(pages);
-    let cache_bytes = dram.saturating_sub(streamed_weight_bytes(plan));
-    let cache_pages = cache_bytes / kv.page_bytes.max(1);
-    let n_layers = plan.layers.len() as u32;
-    let Some(sel) = kv.select else {
-        return predict(&KvModelInput {
-            n_layers,
-            page_bytes: kv.page_bytes,
-            pages,
-            home_pages: home,
-            select: None,
-            cache_pages,
-            policy: Policy::Pinned,
-            reuse: 0.0,
-        });
-    };
-    // Dense layers scan every page and pin what they read; the others select (LRU). A pinned
-    // admission evicts LRU pages, so the dense layers' pages take the cache first and the
-    // selecting layers share the rest.
-    let dense = sel.dense_layers.min(n_layers);
-    let selecting = n_layers - dense;
-    let candidates = pages.saturating_sub(1 + kv.select_window);
-    let keep = sel.keep(candidates);
-    let away = pages.saturating_sub(home);
-    let n_eff = if candidates == 0 {
-        0
-    } else {
-        ((keep as u64 * away as u64).div_ceil(candidates as u64)) as u32
-    };
-    let dense_cache = cache_pages.min(dense as u64 * away as u64);
-    let part = |layers: u32, select: Option<u32>, policy, cache_pages| {
-        predict(&KvModelInput {
-            n_layers: layers,
-            page_bytes: kv.page_bytes,
-            pages,
-            home_pages: home,
-            select,
-            cache_pages,
-            policy,
-            reuse,
-        })
-    };
-    let d = part(dense, None, Policy::Pinned, dense_cache);
-    let s = part(
-        selecting,
-        Some(n_eff),
-        Policy::Lru,
-        cache_pages - dense_cache,
-    );
-    let flash = d.flash_bytes_per_token + s.flash_bytes_per_token;
-    let bytes = d.kv_bytes_per_token + s.kv_bytes_per_token;
-    // The hit rate of the needed pages (wasted prefetches are in the flash bytes only).
-    let hits = d.hit_rate * d.kv_bytes_per_token + s.hit_rate * s.kv_bytes_per_token;
-    KvPrediction {
-        requests_per_token: d.requests_per_token + s.requests_per_token,
-        hit_rate: if bytes > 0.0 { hits / bytes } else { 0.0 },
-        flash_bytes_per_token: flash,
-        kv_bytes_per_token: bytes,
-        prefetch_hit_rate: s.prefetch_hit_rate,
-        wasted_prefetch_per_token: s.wasted_prefetch_per_token,
-    }
-}
-
-/// How the run reads: I/O mode, piece size and threads, host cache, in-place uploads.
-#[derive(Debug, Clone)]
-pub struct RunIo {
-    pub mode: String,
-    pub piece: u64,
-    pub threads: usize,
-    pub dram: u64,
-    pub in_place: bool,
-}
-
-impl RunIo {
-    /// Piece size and readers of one flash read under a staging ring of `ring_chunk`-byte
-    /// slots: through the ring a read fills one slot at a time, split into pieces of at most
-    /// `piece` bytes over at most `threads` readers; read in place it fills a whole matrix part.
-    pub fn read_shape(&self, ring_chunk: u64) -> (u64, usize) {
-        if self.in_place {
-            return (self.piece.max(1), self.threads.max(1));
-        }
-        let piece = self.piece.min(ring_chunk).max(1);
-        let threads = self.threads.min(ring_chunk.div_ceil(piece) as usize).max(1);
-        (piece, threads)
-    }
-}
-
-/// What one decode step reads and runs under `plan` with `n_past` cached tokens.
-pub fn token_work(plan: &ExecPlan, n_past: usize, io: &RunIo, reuse: f64) -> TokenWork {
-    let mut matmul_bytes: BTreeMap<String, u64> = BTreeMap::new();
-    for lw in &plan.layers {
-        for t in &lw.files {
-            *matmul_bytes.entry(t.ty.name().to_string()).or_default() += t.n_bytes;
-        }
-    }
-    let head = &plan.head.info;
-    *matmul_bytes.entry(head.ty.name().to_string()).or_default() += head.n_bytes;
-    // Per layer: the norms, biases and per-head norms, RoPE with the KV store, the matrix
-    // dispatches (Q, K and V as one where they share it), attention per round and its merge
-    // (none for a lone one-split round), page summaries and scores with selection.
-    let kv = &plan.kv;
-    let n = n_past.max(1) as u64;
-    let splits = n.div_ceil(crate::kernels::ATTN_SPLIT_KEYS as u64);
-    let rounds = splits
-        .div_ceil(kv.decode_round_splits.max(kv.round_splits).max(1) as u64)
-        .max(1);
-    let merges = if rounds == 1 && splits <= 1 {
-        0
-    } else {
-        rounds
-    };
-    let mut dispatches = 0u64;
-    for (l, &d) in plan.layer_dispatches.iter().enumerate() {
-        dispatches += d + rounds + merges;
-        if kv.selects_layer(l) {
-            dispatches += 2;
-        }
-    }
-    dispatches += 1 + if plan.placement.head_resident {
-        plan.head.layout.parts.len() as u64
-    } else {
-        plan.head.n_chunks as u64
-    };
-    let elt = if kv.f16 { 2 } else { 4 };
-    let n_layers = plan.layers.len() as u64;
-    let attended = match kv.select {
-        Some(sel) => {
-            let pages = (n - 1) / kv.page_tokens as u64 + 1;
-            let cand = pages.saturating_sub(1 + kv.select_window as u64);
-            let keep = sel.keep(cand as u32) as u64;
-            let dense = (sel.dense_layers as u64).min(n_layers);
-            let sel_keys = ((pages - cand + keep) * kv.page_tokens as u64).min(n);
-            (dense * n + (n_layers - dense) * sel_keys) as f64 / n_layers.max(1) as f64
-        }
-        None => n as f64,
-    };
-    let attn_bytes = (attended * kv.kv_dim as f64 * 2.0 * elt as f64 * n_layers as f64) as u64;
-    let streamed = streamed_weight_bytes(plan);
-    let (piece, threads) = io.read_shape(plan.ring_chunk);
-    let largest = plan
-        .streamed_layers()
-        .iter()
-        .map(|&l| plan.layers[l].files.iter().map(|t| t.n_bytes).sum::<u64>())
-        .max()
-        .unwrap_or(0);
-    let ring = plan.ring_slots as u64 * plan.ring_chunk;
-    let ring_share = (!io.in_place && ring < largest).then(|| ring as f64 / largest as f64);
-    let p = kv_prediction(plan, n_past, io.dram, reuse);
-    // The host cache keeps the first weight bytes it sees: flash reads are a share of them.
-    let flash_share = if streamed > 0 {
-        streamed.saturating_sub(io.dram) as f64 / streamed as f64
-    } else {
-        0.0
-    };
-    let kv_flash = p.flash_bytes_per_token / n_layers.max(1) as f64;
-    let kv_up = p.kv_bytes_per_token / n_layers.max(1) as f64;
-    let mut stages: Vec<StageWork> = plan
-        .layers
-        .iter()
-        .enumerate()
-        .map(|(l, lw)| {
-            let mut matmul: BTreeMap<String, u64> = BTreeMap::new();
-            for t in &lw.files {
-                *matmul.entry(t.ty.name().to_string()).or_default() += t.n_bytes;
-            }
-            let bytes: u64 = if plan.placement.resident_layers[l] {
-                0
-            } else {
-                lw.files.iter().map(|t| t.n_bytes).sum()
-            };
-            StageWork {
-                matmul,
-                flash_bytes: bytes as f64 * flash_share + kv_flash,
-                upload_bytes: if io.in_place { 0.0 } else { bytes as f64 } + kv_up,
-                pool: 0,
-                pieces: 1,
-            }
-        })
-        .collect();
-    let head_bytes = if plan.placement.head_resident {
-        0
-    } else {
-        head.n_bytes
-    };
-    stages.push(StageWork {
-        matmul: [(head.ty.name().to_string(), head.n_bytes)].into(),
-        flash_bytes: head_bytes as f64 * flash_share,
-        upload_bytes: head_bytes as f64,
-        pool: 1,
-        pieces: if head_bytes > 0 {
-            plan.head.n_chunks.max(1) as usize
-        } else {
-            1
-        },
-    });
-    TokenWork {
-        matmul_bytes,
-        dispatches,
-        attn_bytes,
-        weight_flash_bytes: streamed.saturating_sub(io.dram),
-        weight_upload_bytes: if io.in_place { 0 } else { streamed },
-        kv_flash_bytes: p.flash_bytes_per_token,
-        kv_upload_bytes: p.kv_bytes_per_token,
-        piece,
-        threads,
-        mode: io.mode.clone(),
-        stages,
-        slots: plan.placement.slots,
-        in_place: io.in_place,
-        ring_share,
-        head: HeadWork {
-            ty: head.ty.name().to_string(),
-            bytes: head.n_bytes,
-            streamed_bytes: head_bytes,
-        },
-        kv_bytes_per_key: kv.kv_dim as u64 * 2 * elt * n_layers,
-    }
 }
 
 #[cfg(test)]
@@ -723,6 +440,15 @@ mod tests {
             ..w.clone()
         };
         assert!(predict_token(&cal(), &small).weight_io_ms > 160.0);
+        // KV pages read in runs of 64 KiB by one thread: at the 64 KiB rate (0.5 GB/s), 4 MB
+        // take 8 ms (+ 0.6 ms of upload); the weights keep their rate.
+        let short_runs = TokenWork {
+            kv_piece: 64 << 10,
+            ..w.clone()
+        };
+        let p = predict_token(&cal(), &short_runs);
+        assert!((p.kv_io_ms - 8.6).abs() < 1e-9, "{p:?}");
+        assert!((p.weight_io_ms - 48.0).abs() < 1e-9, "{p:?}");
         // Prefill: 100 tokens in batches of 64: per token 60 MB / 8 GB/s + 20 MB / Q8_0
         // (unmeasured for prefill: the slowest measured, 8) = 10 ms; batch 1: 640 ms + 10 ms
         // of dispatches vs 48 ms of I/O: 650 + 12 = 662; batch 2: 360 + 10 = 370 + 12 = 382.

@@ -1,0 +1,332 @@
+//! What one decoded token reads and runs under a plan: the matrix bytes by type, the
+//! dispatches, the attended KV bytes, the weight and KV bytes read from flash and uploaded,
+//! step by step for the pipeline simulation. [`super::perf`] turns it into time.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use super::ExecPlan;
+use super::hitrate::{KvModelInput, KvPrediction, Policy, predict};
+
+/// What one decoded token reads and runs, as the plan lays it out.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct TokenWork {
+    /// Weight bytes of each matrix product, by type name.
+    pub matmul_bytes: BTreeMap<String, u64>,
+    pub dispatches: u64,
+    /// KV bytes attention reads (all layers).
+    pub attn_bytes: u64,
+    /// Streamed weight bytes read from flash (after the host cache), and uploaded.
+    pub weight_flash_bytes: u64,
+    pub weight_upload_bytes: u64,
+    /// KV bytes from flash (after the host cache) and uploaded.
+    pub kv_flash_bytes: f64,
+    pub kv_upload_bytes: f64,
+    /// Piece size and threads of the weights' flash reads; I/O mode.
+    pub piece: u64,
+    pub threads: usize,
+    pub mode: String,
+    /// Bytes of one KV read: the page file is read a run of consecutive pages of one layer
+    /// at a time, by one thread (the transfer queue's); 0: at the weights' piece and threads.
+    pub kv_piece: u64,
+    /// The pass step by step (layers in order, then the head), for the pipeline simulation;
+    /// empty: compute and I/O overlap as a whole.
+    pub stages: Vec<StageWork>,
+    /// Layer slots streamed layers cycle through; reads go straight into them (no ring).
+    pub slots: usize,
+    pub in_place: bool,
+    /// The share of the largest streamed layer the staging ring holds, when below 1 (reads
+    /// beyond it wait for the device); None: a whole layer, or reads in place.
+    pub ring_share: Option<f64>,
+    /// The output head's part of the above (a prefill runs it once, for its last token).
+    pub head: HeadWork,
+    /// K and V bytes of one cached token over all layers: a prefilled row's attention reads
+    /// this much per token before it.
+    pub kv_bytes_per_key: u64,
+}
+
+/// The output head's matrix: its type, its bytes, and the bytes of it that stream (0 when
+/// resident; included in [`TokenWork::weight_upload_bytes`]).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct HeadWork {
+    pub ty: String,
+    pub bytes: u64,
+    pub streamed_bytes: u64,
+}
+
+/// What one step of a pass reads and runs.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct StageWork {
+    /// Matrix weight bytes by type name.
+    pub matmul: BTreeMap<String, u64>,
+    /// Weight bytes read from flash (after the host cache), KV page bytes read from flash,
+    /// and both copied from staging to the device.
+    pub flash_bytes: f64,
+    pub kv_flash_bytes: f64,
+    pub upload_bytes: f64,
+    /// 0: a layer (layer slots), 1: the output head (chunk slots).
+    pub pool: usize,
+    pub pieces: usize,
+}
+
+/// Weight bytes that stream from flash each token under `plan` (streamed layers, and the head
+/// when it streams).
+pub fn streamed_weight_bytes(plan: &ExecPlan) -> u64 {
+    plan.streamed_layers()
+        .iter()
+        .map(|&l| plan.layers[l].files.iter().map(|t| t.n_bytes).sum::<u64>())
+        .sum::<u64>()
+        + if plan.placement.head_resident {
+            0
+        } else {
+            plan.head.info.n_bytes
+        }
+}
+
+/// The page hit-rate model for `plan` with `n_past` cached tokens, a host cache of `dram` bytes
+/// (weights pinned first) and selection reuse `reuse`.
+pub fn kv_prediction(plan: &ExecPlan, n_past: usize, dram: u64, reuse: f64) -> KvPrediction {
+    let kv = &plan.kv;
+    let n = n_past.max(1) as u64;
+    let pages = ((n - 1) / kv.page_tokens as u64 + 1) as u32;
+    let home = kv.home_pages.min(pages);
+    let cache_bytes = dram.saturating_sub(streamed_weight_bytes(plan));
+    let cache_pages = cache_bytes / kv.page_bytes.max(1);
+    let n_layers = plan.layers.len() as u32;
+    let Some(sel) = kv.select else {
+        return predict(&KvModelInput {
+            n_layers,
+            page_bytes: kv.page_bytes,
+            pages,
+            home_pages: home,
+            select: None,
+            cache_pages,
+            policy: Policy::Pinned,
+            reuse: 0.0,
+        });
+    };
+    // Dense layers scan every page and pin what they read; the others select (LRU). A pinned
+    // admission evicts LRU pages, so the dense layers' pages take the cache first and the
+    // selecting layers share the rest.
+    let dense = sel.dense_layers.min(n_layers);
+    let selecting = n_layers - dense;
+    let candidates = pages.saturating_sub(1 + kv.select_window);
+    let keep = sel.keep(candidates);
+    let away = pages.saturating_sub(home);
+    let n_eff = if candidates == 0 {
+        0
+    } else {
+        ((keep as u64 * away as u64).div_ceil(candidates as u64)) as u32
+    };
+    let dense_cache = cache_pages.min(dense as u64 * away as u64);
+    let part = |layers: u32, select: Option<u32>, policy, cache_pages| {
+        predict(&KvModelInput {
+            n_layers: layers,
+            page_bytes: kv.page_bytes,
+            pages,
+            home_pages: home,
+            select,
+            cache_pages,
+            policy,
+            reuse,
+        })
+    };
+    let d = part(dense, None, Policy::Pinned, dense_cache);
+    let s = part(
+        selecting,
+        Some(n_eff),
+        Policy::Lru,
+        cache_pages - dense_cache,
+    );
+    let flash = d.flash_bytes_per_token + s.flash_bytes_per_token;
+    let bytes = d.kv_bytes_per_token + s.kv_bytes_per_token;
+    // The hit rate of the needed pages (wasted prefetches are in the flash bytes only).
+    let hits = d.hit_rate * d.kv_bytes_per_token + s.hit_rate * s.kv_bytes_per_token;
+    KvPrediction {
+        requests_per_token: d.requests_per_token + s.requests_per_token,
+        hit_rate: if bytes > 0.0 { hits / bytes } else { 0.0 },
+        flash_bytes_per_token: flash,
+        kv_bytes_per_token: bytes,
+        prefetch_hit_rate: s.prefetch_hit_rate,
+        wasted_prefetch_per_token: s.wasted_prefetch_per_token,
+    }
+}
+
+/// How the run reads: I/O mode, piece size and threads, host cache, in-place uploads.
+#[derive(Debug, Clone)]
+pub struct RunIo {
+    pub mode: String,
+    pub piece: u64,
+    pub threads: usize,
+    pub dram: u64,
+    pub in_place: bool,
+}
+
+impl RunIo {
+    /// Piece size and readers of one flash read under a staging ring of `ring_chunk`-byte
+    /// slots: through the ring a read fills one slot at a time, split into pieces of at most
+    /// `piece` bytes over at most `threads` readers; read in place it fills a whole matrix part.
+    pub fn read_shape(&self, ring_chunk: u64) -> (u64, usize) {
+        if self.in_place {
+            return (self.piece.max(1), self.threads.max(1));
+        }
+        let piece = self.piece.min(ring_chunk).max(1);
+        let threads = self.threads.min(ring_chunk.div_ceil(piece) as usize).max(1);
+        (piece, threads)
+    }
+}
+
+/// What one decode step reads and runs under `plan` with `n_past` cached tokens.
+pub fn token_work(plan: &ExecPlan, n_past: usize, io: &RunIo, reuse: f64) -> TokenWork {
+    let mut matmul_bytes: BTreeMap<String, u64> = BTreeMap::new();
+    for lw in &plan.layers {
+        for t in &lw.files {
+            *matmul_bytes.entry(t.ty.name().to_string()).or_default() += t.n_bytes;
+        }
+    }
+    let head = &plan.head.info;
+    *matmul_bytes.entry(head.ty.name().to_string()).or_default() += head.n_bytes;
+    // Per layer: the norms, biases and per-head norms, RoPE with the KV store, the matrix
+    // dispatches (Q, K and V as one where they share it), attention per round and its merge
+    // (none for a lone one-split round), page summaries and scores with selection.
+    let kv = &plan.kv;
+    let n = n_past.max(1) as u64;
+    let splits = n.div_ceil(crate::kernels::ATTN_SPLIT_KEYS as u64);
+    let rounds = splits
+        .div_ceil(kv.decode_round_splits.max(kv.round_splits).max(1) as u64)
+        .max(1);
+    let merges = if rounds == 1 && splits <= 1 {
+        0
+    } else {
+        rounds
+    };
+    let mut dispatches = 0u64;
+    for (l, &d) in plan.layer_dispatches.iter().enumerate() {
+        dispatches += d + rounds + merges;
+        if kv.selects_layer(l) {
+            dispatches += 2;
+        }
+    }
+    dispatches += 1 + if plan.placement.head_resident {
+        plan.head.layout.parts.len() as u64
+    } else {
+        plan.head.n_chunks as u64
+    };
+    let elt = if kv.f16 { 2 } else { 4 };
+    let n_layers = plan.layers.len() as u64;
+    let attended = match kv.select {
+        Some(sel) => {
+            let pages = (n - 1) / kv.page_tokens as u64 + 1;
+            let cand = pages.saturating_sub(1 + kv.select_window as u64);
+            let keep = sel.keep(cand as u32) as u64;
+            let dense = (sel.dense_layers as u64).min(n_layers);
+            let sel_keys = ((pages - cand + keep) * kv.page_tokens as u64).min(n);
+            (dense * n + (n_layers - dense) * sel_keys) as f64 / n_layers.max(1) as f64
+        }
+        None => n as f64,
+    };
+    let attn_bytes = (attended * kv.kv_dim as f64 * 2.0 * elt as f64 * n_layers as f64) as u64;
+    let streamed = streamed_weight_bytes(plan);
+    let (piece, threads) = io.read_shape(plan.ring_chunk);
+    let largest = plan
+        .streamed_layers()
+        .iter()
+        .map(|&l| plan.layers[l].files.iter().map(|t| t.n_bytes).sum::<u64>())
+        .max()
+        .unwrap_or(0);
+    let ring = plan.ring_slots as u64 * plan.ring_chunk;
+    let ring_share = (!io.in_place && ring < largest).then(|| ring as f64 / largest as f64);
+    let p = kv_prediction(plan, n_past, io.dram, reuse);
+    // The host cache keeps the first weight bytes it sees: flash reads are a share of them.
+    let flash_share = if streamed > 0 {
+        streamed.saturating_sub(io.dram) as f64 / streamed as f64
+    } else {
+        0.0
+    };
+    let kv_flash = p.flash_bytes_per_token / n_layers.max(1) as f64;
+    let kv_up = p.kv_bytes_per_token / n_layers.max(1) as f64;
+    let mut stages: Vec<StageWork> = plan
+        .layers
+        .iter()
+        .enumerate()
+        .map(|(l, lw)| {
+            let mut matmul: BTreeMap<String, u64> = BTreeMap::new();
+            for t in &lw.files {
+                *matmul.entry(t.ty.name().to_string()).or_default() += t.n_bytes;
+            }
+            let bytes: u64 = if plan.placement.resident_layers[l] {
+                0
+            } else {
+                lw.files.iter().map(|t| t.n_bytes).sum()
+            };
+            StageWork {
+                matmul,
+                flash_bytes: bytes as f64 * flash_share,
+                kv_flash_bytes: kv_flash,
+                upload_bytes: if io.in_place { 0.0 } else { bytes as f64 } + kv_up,
+                pool: 0,
+                pieces: 1,
+            }
+        })
+        .collect();
+    let head_bytes = if plan.placement.head_resident {
+        0
+    } else {
+        head.n_bytes
+    };
+    stages.push(StageWork {
+        matmul: [(head.ty.name().to_string(), head.n_bytes)].into(),
+        flash_bytes: head_bytes as f64 * flash_share,
+        kv_flash_bytes: 0.0,
+        upload_bytes: head_bytes as f64,
+        pool: 1,
+        pieces: if head_bytes > 0 {
+            plan.head.n_chunks.max(1) as usize
+        } else {
+            1
+        },
+    });
+    TokenWork {
+        matmul_bytes,
+        dispatches,
+        attn_bytes,
+        weight_flash_bytes: streamed.saturating_sub(io.dram),
+        weight_upload_bytes: if io.in_place { 0 } else { streamed },
+        kv_flash_bytes: p.flash_bytes_per_token,
+        kv_upload_bytes: p.kv_bytes_per_token,
+        piece,
+        threads,
+        mode: io.mode.clone(),
+        kv_piece: kv_read_piece(kv, n, kv_flash),
+        stages,
+        slots: plan.placement.slots,
+        in_place: io.in_place,
+        ring_share,
+        head: HeadWork {
+            ty: head.ty.name().to_string(),
+            bytes: head.n_bytes,
+            streamed_bytes: head_bytes,
+        },
+        kv_bytes_per_key: kv.kv_dim as u64 * 2 * elt * n_layers,
+    }
+}
+
+
+/// Bytes of one KV read with `n` cached tokens and `layer_flash` KV bytes read from flash per
+/// layer: without selection a layer's missing pages are one run (one read); with selection
+/// the chosen pages lie scattered, and a share s of the candidates chosen at random makes
+/// runs of 1 / (1 - s) pages on average.
+fn kv_read_piece(kv: &super::KvPlan, n: u64, layer_flash: f64) -> u64 {
+    let page = kv.page_bytes.max(1);
+    let run = match kv.select {
+        None => layer_flash,
+        Some(sel) => {
+            let pages = (n - 1) / kv.page_tokens.max(1) as u64 + 1;
+            let cand = pages.saturating_sub(1 + kv.select_window as u64).max(1);
+            let share = (sel.keep(cand as u32) as f64 / cand as f64).min(0.95);
+            (page as f64 / (1.0 - share)).min(layer_flash)
+        }
+    };
+    (run as u64).max(page)
+}
