@@ -187,27 +187,36 @@ pub fn attention_rate(
     Ok(bytes * reps as f64 / t / 1e9)
 }
 
-/// Runs of the engine that [`warm_median`] counts, after one warm-up run.
-const ENGINE_RUNS: usize = 3;
+/// Runs of each engine that [`interleaved_medians`] counts.
+const ENGINE_RUNS: usize = 5;
 
-/// The statistics of the run with the median ms/token among [`ENGINE_RUNS`] runs of 12 tokens
-/// after `prompt`, each from an empty context, after one warm-up run that is not counted (its
-/// first steps build the pipelines, which made a single short run read up to a third slow).
-fn warm_median(
-    e: &mut Engine,
+/// The statistics of the runs with the median ms/token of each engine: [`ENGINE_RUNS`] runs of
+/// 12 tokens after `prompt`, each from an empty context, the engines taking turns (so a slow
+/// spell of a shared machine falls on both rather than on one), after one warm-up run each
+/// that is not counted (its first steps build the pipelines, which made a single short run
+/// read up to a third slow).
+fn interleaved_medians(
+    engines: &mut [&mut Engine],
     prompt: &[u32],
     sm: &mut Sampler,
-) -> BenchResult<crate::engine::GenStats> {
-    let mut runs = Vec::with_capacity(ENGINE_RUNS);
+) -> BenchResult<Vec<crate::engine::GenStats>> {
+    let mut runs: Vec<Vec<crate::engine::GenStats>> = engines.iter().map(|_| Vec::new()).collect();
     for r in 0..=ENGINE_RUNS {
-        e.reset();
-        let (_, st) = e.generate(prompt, 12, sm, |_| false, |_| true)?;
-        if r > 0 {
-            runs.push(st);
+        for (e, out) in engines.iter_mut().zip(runs.iter_mut()) {
+            e.reset();
+            let (_, st) = e.generate(prompt, 12, sm, |_| false, |_| true)?;
+            if r > 0 {
+                out.push(st);
+            }
         }
     }
-    runs.sort_by(|a, b| a.ms_per_token.total_cmp(&b.ms_per_token));
-    Ok(runs.swap_remove(ENGINE_RUNS / 2))
+    Ok(runs
+        .into_iter()
+        .map(|mut v| {
+            v.sort_by(|a, b| a.ms_per_token.total_cmp(&b.ms_per_token));
+            v.swap_remove(ENGINE_RUNS / 2)
+        })
+        .collect())
 }
 
 /// Measure everything; `model` supplies the shapes and the file to read.
@@ -316,20 +325,8 @@ pub fn run(model: &LoadedModel, gpu: &GpuOptions) -> BenchResult<Calibration> {
         ..Default::default()
     };
     let file = FlashFile::open(&model.path, ReaderOptions::default())?;
-    let mut e = Engine::with_source(model.gguf.clone(), Arc::new(FlashSource::new(file, 0)), &ro)?;
-    let st = warm_median(&mut e, &prompt, &mut sm)?;
-    let kernels = crate::plan::perf::predict_token(&cal, &e.token_work(st.selection_reuse));
-    if kernels.compute_ms > 0.0 && st.ms_per_token > 0.0 {
-        // Kept as measured; `compute_factor` bounds it where it is used.
-        cal.compute_scale = st.ms_per_token / kernels.compute_ms;
-    }
-    eprintln!(
-        "compute: resident run {:.1} ms/token, kernels at their rates {:.1} ms: x{:.2}",
-        st.ms_per_token,
-        kernels.compute_ms,
-        cal.compute_factor()
-    );
-    drop(e);
+    let mut resident =
+        Engine::with_source(model.gguf.clone(), Arc::new(FlashSource::new(file, 0)), &ro)?;
     let o = EngineOptions {
         gpu: gpu.clone(),
         ctx: Some(256),
@@ -338,10 +335,26 @@ pub fn run(model: &LoadedModel, gpu: &GpuOptions) -> BenchResult<Calibration> {
         ..Default::default()
     };
     let file = FlashFile::open(&model.path, ReaderOptions::default())?;
-    let mut e = Engine::with_source(model.gguf.clone(), Arc::new(FlashSource::new(file, 0)), &o)?;
+    let mut streamed =
+        Engine::with_source(model.gguf.clone(), Arc::new(FlashSource::new(file, 0)), &o)?;
+    let mut medians = interleaved_medians(&mut [&mut resident, &mut streamed], &prompt, &mut sm)?;
+    let (st_r, st) = (medians.remove(0), medians.remove(0));
+    let kernels =
+        crate::plan::perf::predict_token(&cal, &resident.token_work(st_r.selection_reuse));
+    if kernels.compute_ms > 0.0 && st_r.ms_per_token > 0.0 {
+        // Kept as measured; `compute_factor` bounds it where it is used.
+        cal.compute_scale = st_r.ms_per_token / kernels.compute_ms;
+    }
+    eprintln!(
+        "compute: resident run {:.1} ms/token, kernels at their rates {:.1} ms: x{:.2}",
+        st_r.ms_per_token,
+        kernels.compute_ms,
+        cal.compute_factor()
+    );
+    drop(resident);
+    let e = streamed;
     cal.adapter = e.ctx.info.name.clone();
     cal.device = Some(Engine::device_facts(&e.ctx)?);
-    let st = warm_median(&mut e, &prompt, &mut sm)?;
     let pred = crate::plan::perf::predict_token(&cal, &e.token_work(st.selection_reuse));
     // The pipeline simulation with perfect overlap against the measured token: the share of
     // the hidden time this machine does not hide.

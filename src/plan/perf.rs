@@ -9,8 +9,10 @@
 //! - KV I/O K = the KV bytes the page hit-rate model says come from flash ÷ the flash rate of
 //!   one reader at the size of a KV read (a run of pages), + KV bytes brought to the device ÷
 //!   the upload rate;
-//! - the layer-ahead pipeline overlaps compute with I/O: T = max(C, W + K) + β · min(C, W + K),
-//!   where β (0: perfect overlap, 1: none) is measured by calibration from a streamed run;
+//! - the layer-ahead pipeline overlaps compute with I/O: T = max(C, W + K₁) + β · min(C, W + K₁)
+//!   + K − K₁, where K₁ is the KV I/O of each layer's first round through the stream pool
+//!   (read ahead; the later rounds' attention waits for their pages), and β (0: perfect
+//!   overlap, 1: none) is measured by calibration from a streamed run;
 //!   reads go through the staging ring one slot at a time (pieces of at most a slot), and a
 //!   ring smaller than a layer holds reads back until the device frees its slots.
 //!
@@ -240,16 +242,23 @@ pub fn predict_token(c: &Calibration, w: &TokenWork) -> Prediction {
     let weight_s = w.weight_flash_bytes as f64 / flash + w.weight_upload_bytes as f64 / up;
     let kv_flash = kv_flash_rate(c, w, flash);
     let kv_s = w.kv_flash_bytes / kv_flash + w.kv_upload_bytes / up;
-    let io = weight_s + kv_s;
+    let serial = w.kv_serial_share.clamp(0.0, 1.0);
+    let io = weight_s + kv_s * (1.0 - serial);
     let beta = c.overlap_beta.clamp(0.0, 1.0);
     let (pipelined, overlapped) = if w.stages.is_empty() {
         (compute_s.max(io), compute_s.min(io))
     } else {
-        let p = simulate_ring(&stages(c, w, flash, kv_flash, up), w.slots, w.in_place, w.ring_share);
+        let p = simulate_ring(
+            &stages(c, w, flash, kv_flash, up),
+            w.slots,
+            w.in_place,
+            w.ring_share,
+        );
         (p.total_s, (p.serial_s - p.total_s).max(0.0))
     };
     // What overlap does not hide on this machine (calibrated).
-    let t = pipelined + beta * overlapped;
+    // KV rounds after a layer's first wait for their pages: not hidden.
+    let t = pipelined + beta * overlapped + kv_s * serial;
     Prediction {
         compute_ms: compute_s * 1e3,
         weight_io_ms: weight_s * 1e3,
@@ -449,6 +458,15 @@ mod tests {
         let p = predict_token(&cal(), &short_runs);
         assert!((p.kv_io_ms - 8.6).abs() < 1e-9, "{p:?}");
         assert!((p.weight_io_ms - 48.0).abs() < 1e-9, "{p:?}");
+        // Half of the KV I/O in rounds that wait for their pages: 1.3 ms join the pipeline
+        // (I/O 49.3 ms under 82 ms of compute), 1.3 ms are added unhidden:
+        // T = 82 + 0.25 × 49.3 + 1.3 = 95.625 ms.
+        let rounds = TokenWork {
+            kv_serial_share: 0.5,
+            ..w.clone()
+        };
+        let p = predict_token(&cal(), &rounds);
+        assert!((p.ms_per_token - 95.625).abs() < 1e-9, "{p:?}");
         // Prefill: 100 tokens in batches of 64: per token 60 MB / 8 GB/s + 20 MB / Q8_0
         // (unmeasured for prefill: the slowest measured, 8) = 10 ms; batch 1: 640 ms + 10 ms
         // of dispatches vs 48 ms of I/O: 650 + 12 = 662; batch 2: 360 + 10 = 370 + 12 = 382.

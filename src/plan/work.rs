@@ -30,6 +30,11 @@ pub struct TokenWork {
     /// Bytes of one KV read: the page file is read a run of consecutive pages of one layer
     /// at a time, by one thread (the transfer queue's); 0: at the weights' piece and threads.
     pub kv_piece: u64,
+    /// Share of the KV I/O that waits for attention: a layer's pages go through the stream
+    /// pool in rounds, and only the first round is read ahead (behind the previous layer's
+    /// compute); each later round is read while the one before it attends, its attention
+    /// waiting for its pages. (rounds - 1) / rounds; 0 when a layer's pages fit one round.
+    pub kv_serial_share: f64,
     /// The pass step by step (layers in order, then the head), for the pipeline simulation;
     /// empty: compute and I/O overlap as a whole.
     pub stages: Vec<StageWork>,
@@ -246,6 +251,11 @@ pub fn token_work(plan: &ExecPlan, n_past: usize, io: &RunIo, reuse: f64) -> Tok
     };
     let kv_flash = p.flash_bytes_per_token / n_layers.max(1) as f64;
     let kv_up = p.kv_bytes_per_token / n_layers.max(1) as f64;
+    let rounds = kv_rounds(kv, kv_up);
+    let kv_serial_share = (rounds - 1.0) / rounds;
+    // The first round of each layer's pages joins the layer's reads in the pipeline; the
+    // rest are added after it, unhidden (see `kv_serial_share`).
+    let (kv_flash_ahead, kv_up_ahead) = (kv_flash / rounds, kv_up / rounds);
     let mut stages: Vec<StageWork> = plan
         .layers
         .iter()
@@ -263,8 +273,8 @@ pub fn token_work(plan: &ExecPlan, n_past: usize, io: &RunIo, reuse: f64) -> Tok
             StageWork {
                 matmul,
                 flash_bytes: bytes as f64 * flash_share,
-                kv_flash_bytes: kv_flash,
-                upload_bytes: if io.in_place { 0.0 } else { bytes as f64 } + kv_up,
+                kv_flash_bytes: kv_flash_ahead,
+                upload_bytes: if io.in_place { 0.0 } else { bytes as f64 } + kv_up_ahead,
                 pool: 0,
                 pieces: 1,
             }
@@ -298,7 +308,8 @@ pub fn token_work(plan: &ExecPlan, n_past: usize, io: &RunIo, reuse: f64) -> Tok
         piece,
         threads,
         mode: io.mode.clone(),
-        kv_piece: kv_read_piece(kv, n, kv_flash),
+        kv_piece: kv_read_piece(kv, n, kv_flash.min(kv_up / rounds)),
+        kv_serial_share,
         stages,
         slots: plan.placement.slots,
         in_place: io.in_place,
@@ -312,9 +323,16 @@ pub fn token_work(plan: &ExecPlan, n_past: usize, io: &RunIo, reuse: f64) -> Tok
     }
 }
 
+/// Rounds a layer's `layer_bytes` of fetched pages take through one sequence's part of the
+/// stream pool (its half while the other half attends, when it is cut in two); at least 1.
+fn kv_rounds(kv: &super::KvPlan, layer_bytes: f64) -> f64 {
+    let pages = (layer_bytes / kv.page_bytes.max(1) as f64).ceil();
+    let per_round = (kv.stream_slots / kv.max_seqs.max(1) / kv.halves.max(1)).max(1) as f64;
+    (pages / per_round).ceil().max(1.0)
+}
 
 /// Bytes of one KV read with `n` cached tokens and `layer_flash` KV bytes read from flash per
-/// layer: without selection a layer's missing pages are one run (one read); with selection
+/// layer and round: without selection a round's missing pages are one run (one read); with selection
 /// the chosen pages lie scattered, and a share s of the candidates chosen at random makes
 /// runs of 1 / (1 - s) pages on average.
 fn kv_read_piece(kv: &super::KvPlan, n: u64, layer_flash: f64) -> u64 {
