@@ -9,9 +9,9 @@
 //! - KV I/O K = the KV bytes the page hit-rate model says come from flash ÷ the flash rate of
 //!   one reader at the size of a KV read (a run of pages), + KV bytes brought to the device ÷
 //!   the upload rate;
-//! - the layer-ahead pipeline overlaps compute with I/O: T = max(C, W + K₁) + β · min(C, W + K₁)
-//!   + K − K₁, where K₁ is the KV I/O of each layer's first round through the stream pool
-//!   (read ahead; the later rounds' attention waits for their pages), and β (0: perfect
+//! - the layer-ahead pipeline overlaps compute with I/O: with K₁ the KV I/O of each layer's
+//!   first round through the stream pool (read ahead; the later rounds' attention waits for
+//!   their pages), T = max(C, W + K₁) + β · min(C, W + K₁) + (K − K₁), where β (0: perfect
 //!   overlap, 1: none) is measured by calibration from a streamed run;
 //!   reads go through the staging ring one slot at a time (pieces of at most a slot), and a
 //!   ring smaller than a layer holds reads back until the device frees its slots.
