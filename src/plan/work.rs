@@ -348,3 +348,62 @@ fn kv_read_piece(kv: &super::KvPlan, n: u64, layer_flash: f64) -> u64 {
     };
     (run as u64).max(page)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::{KvPlan, KvSelect, SelectSpec};
+    use super::*;
+
+    /// 64-token pages of 48 KiB, 64 per layer, 3 at home, a pool of `slots` pages in `halves`.
+    fn kv(slots: u32, halves: u32, select: Option<KvSelect>) -> KvPlan {
+        KvPlan {
+            f16: true,
+            n_heads: 9,
+            head_dim: 64,
+            kv_dim: 192,
+            page_tokens: 64,
+            page_bytes: 49152,
+            max_pages: 64,
+            touched_pages: 2,
+            home_pages: 3,
+            select_window: 2,
+            streams: true,
+            round_splits: 1,
+            decode_round_splits: 1,
+            unit_splits: 1,
+            unit_pages: 4,
+            stream_slots: slots,
+            halves,
+            pageout_pages: 1,
+            max_seqs: 1,
+            seq_stride: 132,
+            layer_words: 136,
+            select,
+            max_binding: u64::MAX,
+        }
+    }
+
+    #[test]
+    fn kv_rounds_and_read_sizes() {
+        let page = 49152.0;
+        // 61 pages through halves of 16: 4 rounds; through a whole pool of 64: 1.
+        assert_eq!(kv_rounds(&kv(32, 2, None), 61.0 * page), 4.0);
+        assert_eq!(kv_rounds(&kv(64, 1, None), 61.0 * page), 1.0);
+        assert_eq!(kv_rounds(&kv(32, 2, None), 0.0), 1.0);
+        // Exact: a round's pages are one read.
+        assert_eq!(
+            kv_read_piece(&kv(32, 2, None), 4096, 16.0 * page),
+            16 * 49152
+        );
+        // Selection of a quarter of the 61 candidates (16): runs of 1 / (1 - 16/61) pages.
+        let quest = KvSelect {
+            spec: SelectSpec::Percent(25.0),
+            dense_layers: 2,
+        };
+        let piece = kv_read_piece(&kv(32, 2, Some(quest)), 4096, 16.0 * page);
+        let want = page / (1.0 - 16.0 / 61.0);
+        assert!((piece as f64 - want).abs() <= 1.0, "{piece} vs {want}");
+        // Never below a page.
+        assert_eq!(kv_read_piece(&kv(32, 2, None), 4096, 10.0), 49152);
+    }
+}
