@@ -352,10 +352,9 @@ pub fn run(model: &LoadedModel, gpu: &GpuOptions) -> BenchResult<Calibration> {
         cal.compute_factor()
     );
     drop(resident);
-    let e = streamed;
-    cal.adapter = e.ctx.info.name.clone();
-    cal.device = Some(Engine::device_facts(&e.ctx)?);
-    let pred = crate::plan::perf::predict_token(&cal, &e.token_work(st.selection_reuse));
+    cal.adapter = streamed.ctx.info.name.clone();
+    cal.device = Some(Engine::device_facts(&streamed.ctx)?);
+    let pred = crate::plan::perf::predict_token(&cal, &streamed.token_work(st.selection_reuse));
     // The pipeline simulation with perfect overlap against the measured token: the share of
     // the hidden time this machine does not hide.
     let (c, i) = (pred.compute_ms, pred.weight_io_ms + pred.kv_io_ms);

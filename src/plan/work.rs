@@ -94,7 +94,8 @@ pub fn streamed_weight_bytes(plan: &ExecPlan) -> u64 {
 pub fn kv_prediction(plan: &ExecPlan, n_past: usize, dram: u64, reuse: f64) -> KvPrediction {
     let kv = &plan.kv;
     let n = n_past.max(1) as u64;
-    let pages = ((n - 1) / kv.page_tokens as u64 + 1) as u32;
+    let (pages, candidates) = pages_and_candidates(kv, n);
+    let (pages, candidates) = (pages as u32, candidates as u32);
     let home = kv.home_pages.min(pages);
     let cache_bytes = dram.saturating_sub(streamed_weight_bytes(plan));
     let cache_pages = cache_bytes / kv.page_bytes.max(1);
@@ -116,7 +117,6 @@ pub fn kv_prediction(plan: &ExecPlan, n_past: usize, dram: u64, reuse: f64) -> K
     // selecting layers share the rest.
     let dense = sel.dense_layers.min(n_layers);
     let selecting = n_layers - dense;
-    let candidates = pages.saturating_sub(1 + kv.select_window);
     let keep = sel.keep(candidates);
     let away = pages.saturating_sub(home);
     let n_eff = if candidates == 0 {
@@ -222,8 +222,7 @@ pub fn token_work(plan: &ExecPlan, n_past: usize, io: &RunIo, reuse: f64) -> Tok
     let n_layers = plan.layers.len() as u64;
     let attended = match kv.select {
         Some(sel) => {
-            let pages = (n - 1) / kv.page_tokens as u64 + 1;
-            let cand = pages.saturating_sub(1 + kv.select_window as u64);
+            let (pages, cand) = pages_and_candidates(kv, n);
             let keep = sel.keep(cand as u32) as u64;
             let dense = (sel.dense_layers as u64).min(n_layers);
             let sel_keys = ((pages - cand + keep) * kv.page_tokens as u64).min(n);
@@ -323,6 +322,13 @@ pub fn token_work(plan: &ExecPlan, n_past: usize, io: &RunIo, reuse: f64) -> Tok
     }
 }
 
+/// Pages holding `n` (at least 1) cached tokens, and the candidates page selection ranks
+/// among them: all but the sink and the window.
+fn pages_and_candidates(kv: &super::KvPlan, n: u64) -> (u64, u64) {
+    let pages = (n.max(1) - 1) / kv.page_tokens.max(1) as u64 + 1;
+    (pages, pages.saturating_sub(1 + kv.select_window as u64))
+}
+
 /// Rounds a layer's `layer_bytes` of fetched pages take through one sequence's part of the
 /// stream pool (its half while the other half attends, when it is cut in two); at least 1.
 fn kv_rounds(kv: &super::KvPlan, layer_bytes: f64) -> f64 {
@@ -340,8 +346,7 @@ fn kv_read_piece(kv: &super::KvPlan, n: u64, layer_flash: f64) -> u64 {
     let run = match kv.select {
         None => layer_flash,
         Some(sel) => {
-            let pages = (n - 1) / kv.page_tokens.max(1) as u64 + 1;
-            let cand = pages.saturating_sub(1 + kv.select_window as u64).max(1);
+            let cand = pages_and_candidates(kv, n).1.max(1);
             let share = (sel.keep(cand as u32) as f64 / cand as f64).min(0.95);
             (page as f64 / (1.0 - share)).min(layer_flash)
         }
