@@ -41,10 +41,12 @@ fn calibration(direct_gb_s: f64, mmap_gb_s: f64) -> Calibration {
         upload_gb_s: 4.0,
         matvec_gb_s: [("Q8_0".to_string(), 1.0)].into(),
         prefill_gb_s: [("Q8_0".to_string(), 4.0)].into(),
+        matmul_points: Vec::new(),
         dispatch_s: 20e-6,
         attn_gb_s: 1.0,
         prefill_attn_gb_s: 0.0,
         overlap_beta: 0.3,
+        overlap_points: Vec::new(),
         compute_scale: 1.0,
         device: None,
     }
@@ -261,7 +263,7 @@ fn token_work_of_a_real_plan_matches_hand_numbers() {
     // down 128x64 (8704 each): 39168 bytes. The head: 2000 x 64 = 136000 bytes.
     let layer = 39_168u64;
     let head = 136_000u64;
-    assert_eq!(w.matmul_bytes["Q8_0"], 2 * layer + head);
+    assert_eq!(w.matrix_bytes("Q8_0"), 2 * layer + head);
     assert_eq!(w.weight_flash_bytes, 2 * layer + head);
     assert_eq!(w.weight_upload_bytes, 2 * layer + head);
     // Per layer: two RMSNorms, RoPE with the KV store, Q, K and V in one dispatch, O, gate
@@ -286,10 +288,12 @@ fn token_work_of_a_real_plan_matches_hand_numbers() {
         upload_gb_s: 4.0,
         matvec_gb_s: [("Q8_0".to_string(), 1.0)].into(),
         prefill_gb_s: [("Q8_0".to_string(), 4.0)].into(),
+        matmul_points: Vec::new(),
         dispatch_s: 20e-6,
         attn_gb_s: 1.0,
         prefill_attn_gb_s: 0.0,
         overlap_beta: 0.3,
+        overlap_points: Vec::new(),
         compute_scale: 1.0,
         device: None,
     };

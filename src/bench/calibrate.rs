@@ -4,10 +4,11 @@
 //! - flash GB/s by piece size and threads, direct and mmap, from a cold page cache (the `bench io`
 //!   sweep over a smaller range);
 //! - upload GB/s (device copies from mapped staging buffers into layer slots);
-//! - matrix-product GB/s per weight type, decode (one token) and prefill (64 tokens), on the
-//!   model's own matrix shapes;
+//! - matrix-product GB/s per weight type, decode (one token) and prefill (64 tokens), on each
+//!   of the model's matrix shapes and, for every type the kernels read, on two synthetic ones;
 //! - the cost of one dispatch; attention GB/s of KV bytes;
-//! - the overlap of compute and I/O, fitted from a short streamed run of the model.
+//! - the overlap of compute and I/O, fitted from short streamed runs of the model and of a
+//!   synthetic model with 25 MB layers (written once to the cache directory).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -21,7 +22,8 @@ use crate::gguf::{GgmlType, quant};
 use crate::gpu::{GpuContext, GpuOptions};
 use crate::kernels::{self, KvShape, MatmulIo, Step};
 use crate::model::LoadedModel;
-use crate::plan::perf::{Calibration, FlashRate};
+use crate::model::synthetic::SyntheticSpec;
+use crate::plan::perf::{Calibration, FlashRate, MAX_MEASURED_ROWS, MatmulPoint, OverlapPoint};
 use crate::sampling::{Sampler, SamplerParams};
 
 type BenchResult<T> = Result<T, Box<dyn std::error::Error>>;
@@ -65,6 +67,33 @@ fn time_list(
     Ok(median(&mut v))
 }
 
+/// Weight bytes the decode rates are timed over (copies of one matrix), well past the caches
+/// of the machines flashlm runs on, so that each read comes from memory as in a pass.
+const COLD_BYTES: u64 = 96 << 20;
+
+/// The synthetic matrices (rows, columns) every weight type is measured on: a small and a
+/// 7B-sized one, whose rows are whole blocks of every type.
+const SYNTHETIC_SHAPES: [[u32; 2]; 2] = [[512, 512], [4096, 4096]];
+
+fn point(
+    ty: GgmlType,
+    rows: u32,
+    cols: u32,
+    decode: f64,
+    prefill: f64,
+    model: bool,
+) -> MatmulPoint {
+    MatmulPoint {
+        ty: ty.name().to_string(),
+        rows,
+        cols,
+        bytes: ty.bytes_for(rows as u64 * cols as u64).unwrap_or(0),
+        decode_gb_s: decode,
+        prefill_gb_s: prefill,
+        model,
+    }
+}
+
 /// Decode and prefill GB/s of a `rows` x `cols` matrix of type `ty` (random weights).
 fn matmul_rates(ctx: &GpuContext, ty: GgmlType, rows: u32, cols: u32) -> BenchResult<(f64, f64)> {
     let mut rng = crate::sampling::SplitMix64(ty.id() as u64 + 17);
@@ -84,9 +113,20 @@ fn matmul_rates(ctx: &GpuContext, ty: GgmlType, rows: u32, cols: u32) -> BenchRe
         ..Default::default()
     };
     let s1 = step(ctx, 1)?;
-    let dec = kernels::matmul(ctx, &s1, &w, &x, &y, io(1))?;
-    let t = time_list(ctx, &dec, 1, 16)?;
-    let decode = bytes * 16.0 / t / 1e9;
+    // Decode reads each matrix once per token, from memory rather than from the caches: time
+    // it over enough copies of the matrix that they do not fit the caches between two reads.
+    let copies = (COLD_BYTES.div_ceil(w.bytes().max(1)) as usize).clamp(1, 512);
+    let mut dec = kernels::matmul(ctx, &s1, &w, &x, &y, io(1))?;
+    let mut kept = Vec::with_capacity(copies);
+    for _ in 1..copies {
+        let c = kernels::upload_weight(ctx, "calibration", ty, rows, cols, &data)?;
+        dec.extend(kernels::matmul(ctx, &s1, &c, &x, &y, io(1))?);
+        kept.push(c);
+    }
+    let reps = 16usize.div_ceil(copies).max(2);
+    let t = time_list(ctx, &dec, 1, reps)?;
+    let decode = bytes * (copies * reps) as f64 / t / 1e9;
+    drop((dec, kept));
     let s64 = step(ctx, tokens)?;
     let pre = kernels::matmul(ctx, &s64, &w, &x, &y, io(kernels::MM_PREFILL_TT))?;
     let t = time_list(ctx, &pre, tokens, 2)?;
@@ -263,24 +303,52 @@ pub fn run(model: &LoadedModel, gpu: &GpuOptions) -> BenchResult<Calibration> {
     }
     let upload_gb_s = median(&mut ups);
     eprintln!("upload {upload_gb_s:.2} GB/s");
-    // Matrix products on the model's largest matrix of each type.
-    let mut shapes: BTreeMap<String, (GgmlType, u32, u32, u64)> = BTreeMap::new();
-    for t in model.gguf.tensors.iter().filter(|t| t.dims.len() == 2) {
-        let e = shapes
-            .entry(t.ty.name().to_string())
-            .or_insert((t.ty, 0, 0, 0));
-        if t.n_bytes > e.3 {
-            *e = (t.ty, t.n_rows() as u32, t.row_len() as u32, t.n_bytes);
-        }
-    }
+    // Matrix products: every shape of the model's (rows capped), then every type the kernels
+    // read on synthetic shapes, so that another model (`flashlm plan -m`, the S3 model) is
+    // priced at its own types' rates. The per-type rates are the model's largest matrix.
+    let mut shapes: Vec<(GgmlType, u32, u32, u64)> = model
+        .gguf
+        .tensors
+        .iter()
+        .filter(|t| t.dims.len() == 2)
+        .map(|t| {
+            let rows = t.n_rows().min(MAX_MEASURED_ROWS);
+            (t.ty, rows as u32, t.row_len() as u32, t.n_bytes)
+        })
+        .collect();
+    shapes.sort_by_key(|&(ty, r, c, b)| (ty.id(), r, c, std::cmp::Reverse(b)));
+    shapes.dedup_by_key(|&mut (ty, r, c, _)| (ty.id(), r, c));
     let mut matvec_gb_s = BTreeMap::new();
     let mut prefill_gb_s = BTreeMap::new();
-    for (name, (ty, rows, cols, _)) in &shapes {
-        // Keep the measurement quick: at most 4096 rows.
-        let (d, p) = matmul_rates(&ctx, *ty, (*rows).min(4096), *cols)?;
-        eprintln!("{name}: decode {d:.3} GB/s, prefill {p:.2} GB/s x tokens");
-        matvec_gb_s.insert(name.clone(), d);
-        prefill_gb_s.insert(name.clone(), p);
+    let mut largest: BTreeMap<String, u64> = BTreeMap::new();
+    let mut matmul_points = Vec::new();
+    for &(ty, rows, cols, bytes) in &shapes {
+        let (d, p) = matmul_rates(&ctx, ty, rows, cols)?;
+        let name = ty.name().to_string();
+        eprintln!("{name} {rows} x {cols}: decode {d:.3} GB/s, prefill {p:.2} GB/s x tokens");
+        if largest.get(&name).is_none_or(|&b| bytes > b) {
+            largest.insert(name.clone(), bytes);
+            matvec_gb_s.insert(name.clone(), d);
+            prefill_gb_s.insert(name.clone(), p);
+        }
+        matmul_points.push(point(ty, rows, cols, d, p, true));
+    }
+    for ty in GgmlType::ALL {
+        for [rows, cols] in SYNTHETIC_SHAPES {
+            if ty.bytes_for(cols as u64).is_none() {
+                continue;
+            }
+            match matmul_rates(&ctx, ty, rows, cols) {
+                Ok((d, p)) => {
+                    eprintln!(
+                        "{ty} {rows} x {cols} (synthetic): decode {d:.3} GB/s, prefill {p:.2} GB/s x tokens"
+                    );
+                    matmul_points.push(point(ty, rows, cols, d, p, false));
+                }
+                // A type the kernels do not run is not a calibration failure.
+                Err(e) => eprintln!("{ty}: not measured ({e})"),
+            }
+        }
     }
     // One dispatch.
     let s = step(&ctx, 1)?;
@@ -303,10 +371,12 @@ pub fn run(model: &LoadedModel, gpu: &GpuOptions) -> BenchResult<Calibration> {
         upload_gb_s,
         matvec_gb_s,
         prefill_gb_s,
+        matmul_points,
         dispatch_s,
         attn_gb_s,
         prefill_attn_gb_s,
         overlap_beta: 0.0,
+        overlap_points: Vec::new(),
         compute_scale: 1.0,
         device: None,
     };
@@ -367,5 +437,77 @@ pub fn run(model: &LoadedModel, gpu: &GpuOptions) -> BenchResult<Calibration> {
         "overlap: streamed run {:.1} ms/token, compute {c:.1} ms, I/O {i:.1} ms, pipelined {:.1} ms: beta {:.2}",
         st.ms_per_token, pred.pipelined_ms, cal.overlap_beta
     );
+    let small = OverlapPoint {
+        layer_bytes: streamed.token_work(st.selection_reuse).layer_bytes,
+        beta: cal.overlap_beta,
+    };
+    drop(streamed);
+    // The overlap again on layers of a 7B model's order of size (a synthetic model in the
+    // cache directory, written once): how much a pass hides changes with what a layer costs.
+    let big = big_overlap_point(&cal, gpu, &prompt, &mut sm)?;
+    cal.overlap_points = vec![small, big];
     Ok(cal)
+}
+
+/// The synthetic model the overlap is measured on a second time: 6 layers of about 25 MB.
+fn overlap_spec() -> SyntheticSpec {
+    SyntheticSpec {
+        n_layers: 6,
+        n_embd: 2048,
+        n_heads: 16,
+        n_kv_heads: 4,
+        n_ff: 5632,
+        vocab: 4096,
+        weight_type: GgmlType::Q4_K,
+        ctx: 256,
+        untied_output: false,
+    }
+}
+
+/// β of a fully streamed run of the [`overlap_spec`] model (medians after a warm-up), with
+/// `cal`'s rates for the rest of the prediction.
+fn big_overlap_point(
+    cal: &Calibration,
+    gpu: &GpuOptions,
+    prompt: &[u32],
+    sm: &mut Sampler,
+) -> BenchResult<OverlapPoint> {
+    let spec = overlap_spec();
+    let path = crate::paths::cache_dir().join("calibration-overlap.gguf");
+    super::s3::ensure_model(&path, &spec)?;
+    let model = crate::model::load_model(&path)?;
+    let o = EngineOptions {
+        gpu: gpu.clone(),
+        ctx: Some(256),
+        resident: crate::plan::ResidentSpec::parse("none", model.cfg.n_layers)
+            .map_err(|e| e.to_string())?,
+        ..Default::default()
+    };
+    let file = FlashFile::open(&model.path, ReaderOptions::default())?;
+    let mut streamed =
+        Engine::with_source(model.gguf.clone(), Arc::new(FlashSource::new(file, 0)), &o)?;
+    let prompt: Vec<u32> = prompt
+        .iter()
+        .map(|&t| t % model.cfg.vocab_size as u32)
+        .collect();
+    let st = interleaved_medians(&mut [&mut streamed], &prompt, sm)?.remove(0);
+    let w = streamed.token_work(st.selection_reuse);
+    let pred = crate::plan::perf::predict_token(cal, &w);
+    let beta = if pred.overlapped_ms > 0.0 {
+        ((st.ms_per_token - pred.pipelined_ms) / pred.overlapped_ms).clamp(0.0, 1.0)
+    } else {
+        0.0
+    };
+    eprintln!(
+        "overlap, {:.1} MB layers: streamed run {:.1} ms/token, compute {:.1} ms, I/O {:.1} ms, pipelined {:.1} ms: beta {beta:.2}",
+        w.layer_bytes as f64 / 1e6,
+        st.ms_per_token,
+        pred.compute_ms,
+        pred.weight_io_ms + pred.kv_io_ms,
+        pred.pipelined_ms
+    );
+    Ok(OverlapPoint {
+        layer_bytes: w.layer_bytes,
+        beta,
+    })
 }

@@ -2,7 +2,8 @@
 //! constants (`flashlm calibrate`).
 //!
 //! Per decoded token:
-//! - compute C = Σ over the matrix products of (weight bytes ÷ the kernel's GB/s for that type)
+//! - compute C = Σ over the matrix products of (weight bytes ÷ the kernel's GB/s for that type
+//!   and shape, timed with the weights coming from memory rather than the caches, as in a pass)
 //!   + dispatches × the cost of one dispatch + attended KV bytes ÷ the attention kernel's GB/s;
 //! - weight I/O W = streamed weight bytes not held in the host cache ÷ the flash rate of the I/O
 //!   mode, + streamed bytes ÷ the upload rate (the copy from staging memory to the device);
@@ -12,7 +13,8 @@
 //! - the layer-ahead pipeline overlaps compute with I/O: with K₁ the KV I/O of each layer's
 //!   first round through the stream pool (read ahead; the later rounds' attention waits for
 //!   their pages), T = max(C, W + K₁) + β · min(C, W + K₁) + (K − K₁), where β (0: perfect
-//!   overlap, 1: none) is measured by calibration from a streamed run;
+//!   overlap, 1: none) is measured by calibration from streamed runs of two layer sizes and
+//!   taken at the size of the plan's streamed layers;
 //!   reads go through the staging ring one slot at a time (pieces of at most a slot), and a
 //!   ring smaller than a layer holds reads back until the device frees its slots.
 //!
@@ -27,7 +29,8 @@ use serde::{Deserialize, Serialize};
 
 use super::pipeline::{Stage, simulate_ring};
 pub use super::work::{
-    HeadWork, RunIo, StageWork, TokenWork, kv_prediction, streamed_weight_bytes, token_work,
+    HeadWork, MatrixWork, RunIo, StageWork, TokenWork, kv_prediction, streamed_weight_bytes,
+    token_work,
 };
 
 /// Constants measured on one machine and adapter.
@@ -42,6 +45,11 @@ pub struct Calibration {
     pub matvec_gb_s: BTreeMap<String, f64>,
     /// Prefill matrix product: weight GB/s × tokens (bytes × tokens ÷ seconds), by type name.
     pub prefill_gb_s: BTreeMap<String, f64>,
+    /// Matrix-product rates by type and shape: the calibrated model's own matrices, and every
+    /// type the kernels read on synthetic ones (empty in profiles from before they were
+    /// measured: the per-type rates above stand in).
+    #[serde(default)]
+    pub matmul_points: Vec<MatmulPoint>,
     /// Seconds per dispatch (launch cost).
     pub dispatch_s: f64,
     /// Attention: KV bytes read per second (decode: one row).
@@ -51,8 +59,13 @@ pub struct Calibration {
     /// before it was measured: `attn_gb_s` stands in.
     #[serde(default)]
     pub prefill_attn_gb_s: f64,
-    /// Overlap of compute and I/O in the pipeline (0 perfect, 1 none).
+    /// Overlap of compute and I/O in the pipeline (0 perfect, 1 none), on the calibrated
+    /// model.
     pub overlap_beta: f64,
+    /// The overlap measured on streamed layers of several sizes (empty in profiles from
+    /// before: `overlap_beta` holds for every size).
+    #[serde(default)]
+    pub overlap_points: Vec<OverlapPoint>,
     /// A decode pass's device time over what the kernel rates above add up to for it, measured
     /// on a resident run: inside a pass the kernels run slower than alone (caches shared with
     /// the copies and the host threads, small kernels between the products). 1 in profiles
@@ -75,6 +88,30 @@ pub struct DeviceFacts {
     /// The matrix kernels apply the layers' RMSNorms themselves.
     pub fuse_norms: bool,
 }
+
+/// The overlap share β measured on a model whose streamed layers are `layer_bytes` each.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+pub struct OverlapPoint {
+    pub layer_bytes: u64,
+    pub beta: f64,
+}
+
+/// The measured rates of one matrix shape.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct MatmulPoint {
+    pub ty: String,
+    pub rows: u32,
+    pub cols: u32,
+    pub bytes: u64,
+    /// Decode GB/s of weights, and prefill GB/s of weights × tokens.
+    pub decode_gb_s: f64,
+    pub prefill_gb_s: f64,
+    /// Measured on a matrix of the calibrated model (else a synthetic one).
+    pub model: bool,
+}
+
+/// Rows of a matrix at most that calibration measures (larger ones are measured on this many).
+pub const MAX_MEASURED_ROWS: u64 = 4096;
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct FlashRate {
@@ -145,22 +182,55 @@ impl Calibration {
             "| staging to device copy | {:.3} GB/s |\n",
             self.upload_gb_s
         ));
-        for (ty, v) in &self.matvec_gb_s {
+        let mut types: Vec<&str> = self.matmul_points.iter().map(|p| p.ty.as_str()).collect();
+        types.sort_unstable();
+        types.dedup();
+        for ty in types {
+            let mut pts: Vec<&MatmulPoint> =
+                self.matmul_points.iter().filter(|p| p.ty == ty).collect();
+            pts.sort_by_key(|p| p.bytes);
+            let list = |f: fn(&MatmulPoint) -> f64| {
+                pts.iter()
+                    .map(|p| {
+                        let mark = if p.model { "*" } else { "" };
+                        format!("{:.3} ({} x {}{mark})", f(p), p.rows, p.cols)
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
             s.push_str(&format!(
-                "| decode product, {ty} | {v:.3} GB/s of weights |\n"
+                "| matrix product, {ty}: decode, GB/s of weights | {} |\n| matrix product, {ty}: prefill, GB/s of weights × tokens | {} |\n",
+                list(|p| p.decode_gb_s),
+                list(|p| p.prefill_gb_s)
             ));
         }
-        for (ty, v) in &self.prefill_gb_s {
-            s.push_str(&format!(
-                "| prefill product, {ty} | {v:.3} GB/s of weights × tokens |\n"
-            ));
+        if self.matmul_points.is_empty() {
+            for (ty, v) in &self.matvec_gb_s {
+                s.push_str(&format!(
+                    "| decode product, {ty} | {v:.3} GB/s of weights |\n"
+                ));
+            }
+            for (ty, v) in &self.prefill_gb_s {
+                s.push_str(&format!(
+                    "| prefill product, {ty} | {v:.3} GB/s of weights × tokens |\n"
+                ));
+            }
         }
         s.push_str(&format!(
-            "| dispatch | {:.1} µs each |\n| attention, decode | {:.3} GB/s of KV |\n| attention, prefill | {:.3} GB/s of KV over the rows |\n| unhidden share of the overlap (β) | {:.2} |\n| decode pass in place of its kernels (resident run ÷ the rates above) | {:.2}× |\n",
+            "| dispatch | {:.1} µs each |\n| attention, decode | {:.3} GB/s of KV |\n| attention, prefill | {:.3} GB/s of KV over the rows |\n| unhidden share of the overlap (β) | {} |\n| decode pass in place of its kernels (resident run ÷ the rates above) | {:.2}× |\n",
             self.dispatch_s * 1e6,
             self.attn_gb_s,
             self.prefill_attn(),
-            self.overlap_beta,
+            if self.overlap_points.is_empty() {
+                format!("{:.2}", self.overlap_beta)
+            } else {
+                let mut pts = self.overlap_points.clone();
+                pts.sort_by_key(|p| p.layer_bytes);
+                pts.iter()
+                    .map(|p| format!("{:.2} (streamed layers of {:.1} MB)", p.beta, p.layer_bytes as f64 / 1e6))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            },
             self.compute_factor()
         ));
         if let Some(d) = self.device {
@@ -202,6 +272,93 @@ impl Calibration {
             .unwrap_or(1.0)
     }
 
+    /// GB/s of a matrix product (decode, or prefill per token) on `m`: the point measured on
+    /// its shape (rows capped at [`MAX_MEASURED_ROWS`]); else interpolated between its type's
+    /// points in log(bytes), held at the ends; else the per-type rate.
+    pub fn product_gb_s(&self, m: &MatrixWork, prefill: bool) -> f64 {
+        let rate = |p: &MatmulPoint| {
+            if prefill {
+                p.prefill_gb_s
+            } else {
+                p.decode_gb_s
+            }
+        };
+        let rows = m.rows.min(MAX_MEASURED_ROWS) as u32;
+        let mut pts: Vec<&MatmulPoint> = self
+            .matmul_points
+            .iter()
+            .filter(|p| p.ty == m.ty && rate(p) > 0.0 && p.bytes > 0)
+            .collect();
+        if let Some(p) = pts
+            .iter()
+            .find(|p| p.rows == rows && p.cols as u64 == m.cols)
+        {
+            return rate(p).max(1e-6);
+        }
+        if pts.is_empty() {
+            let map = if prefill {
+                &self.prefill_gb_s
+            } else {
+                &self.matvec_gb_s
+            };
+            return Self::rate(map, &m.ty);
+        }
+        pts.sort_by_key(|p| p.bytes);
+        let x = (m.bytes.max(1) as f64).ln();
+        let (first, last) = (pts[0], pts[pts.len() - 1]);
+        if x <= (first.bytes as f64).ln() {
+            return rate(first).max(1e-6);
+        }
+        for w in pts.windows(2) {
+            let (a, b) = ((w[0].bytes as f64).ln(), (w[1].bytes as f64).ln());
+            if x <= b && b > a {
+                let f = (x - a) / (b - a);
+                return (rate(w[0]) + f * (rate(w[1]) - rate(w[0]))).max(1e-6);
+            }
+        }
+        rate(last).max(1e-6)
+    }
+
+    /// β for streamed layers of `layer_bytes`: interpolated between the measured sizes in
+    /// log(bytes), held at the ends (`overlap_beta` without sizes).
+    pub fn beta_for(&self, layer_bytes: u64) -> f64 {
+        let mut pts: Vec<OverlapPoint> = self
+            .overlap_points
+            .iter()
+            .copied()
+            .filter(|p| p.layer_bytes > 0 && p.beta.is_finite())
+            .collect();
+        pts.sort_by_key(|p| p.layer_bytes);
+        let b = match (pts.first(), pts.last()) {
+            (Some(first), Some(last)) => {
+                let x = (layer_bytes.max(1) as f64).ln();
+                let ln = |p: &OverlapPoint| (p.layer_bytes as f64).ln();
+                if layer_bytes == 0 || x <= ln(first) {
+                    first.beta
+                } else if x >= ln(last) {
+                    last.beta
+                } else {
+                    pts.windows(2)
+                        .find(|w| x <= ln(&w[1]))
+                        .map(|w| {
+                            let f = (x - ln(&w[0])) / (ln(&w[1]) - ln(&w[0])).max(1e-12);
+                            w[0].beta + f * (w[1].beta - w[0].beta)
+                        })
+                        .unwrap_or(last.beta)
+                }
+            }
+            _ => self.overlap_beta,
+        };
+        b.clamp(0.0, 1.0)
+    }
+
+    /// Seconds of the matrix products `ms` (decode; prefill: per token).
+    pub fn products_s(&self, ms: &[MatrixWork], prefill: bool) -> f64 {
+        ms.iter()
+            .map(|m| m.bytes as f64 / (self.product_gb_s(m, prefill) * 1e9))
+            .sum()
+    }
+
     fn rate(map: &BTreeMap<String, f64>, ty: &str) -> f64 {
         map.get(ty)
             .copied()
@@ -229,11 +386,8 @@ pub struct Prediction {
 
 /// Milliseconds per decoded token for `w` on the machine `c` describes.
 pub fn predict_token(c: &Calibration, w: &TokenWork) -> Prediction {
-    let compute_s = (w
-        .matmul_bytes
-        .iter()
-        .map(|(ty, &b)| b as f64 / (Calibration::rate(&c.matvec_gb_s, ty) * 1e9))
-        .sum::<f64>()
+    let compute_s = (c.products_s(&w.matrices, false)
+        + c.products_s(&[w.head.matrix()], false)
         + w.dispatches as f64 * c.dispatch_s
         + w.attn_bytes as f64 / (c.attn_gb_s.max(1e-6) * 1e9))
         * c.compute_factor();
@@ -244,7 +398,7 @@ pub fn predict_token(c: &Calibration, w: &TokenWork) -> Prediction {
     let kv_s = w.kv_flash_bytes / kv_flash + w.kv_upload_bytes / up;
     let serial = w.kv_serial_share.clamp(0.0, 1.0);
     let io = weight_s + kv_s * (1.0 - serial);
-    let beta = c.overlap_beta.clamp(0.0, 1.0);
+    let beta = c.beta_for(w.layer_bytes);
     let (pipelined, overlapped) = if w.stages.is_empty() {
         (compute_s.max(io), compute_s.min(io))
     } else {
@@ -289,12 +443,7 @@ fn stages(c: &Calibration, w: &TokenWork, flash: f64, kv_flash: f64, up: f64) ->
     w.stages
         .iter()
         .map(|s| Stage {
-            compute_s: (s
-                .matmul
-                .iter()
-                .map(|(ty, &b)| b as f64 / (Calibration::rate(&c.matvec_gb_s, ty) * 1e9))
-                .sum::<f64>()
-                + if s.pool == 0 { spread } else { 0.0 })
+            compute_s: (c.products_s(&s.matrices, false) + if s.pool == 0 { spread } else { 0.0 })
                 * c.compute_factor(),
             read_s: s.flash_bytes / flash + s.kv_flash_bytes / kv_flash,
             upload_s: s.upload_bytes / up,
@@ -312,20 +461,9 @@ fn stages(c: &Calibration, w: &TokenWork, flash: f64, kv_flash: f64, up: f64) ->
 /// then. (KV pages read back during a long prefill are not counted.)
 pub fn predict_prefill(c: &Calibration, w: &TokenWork, past: usize, n: usize, batch: usize) -> f64 {
     let batches = n.div_ceil(batch.max(1)).max(1);
-    let per_token_compute = w
-        .matmul_bytes
-        .iter()
-        .map(|(ty, &b)| {
-            let b = if *ty == w.head.ty {
-                b.saturating_sub(w.head.bytes)
-            } else {
-                b
-            };
-            b as f64 / (Calibration::rate(&c.prefill_gb_s, ty) * 1e9)
-        })
-        .sum::<f64>();
+    let per_token_compute = c.products_s(&w.matrices, true);
     let head_compute = if w.head.bytes > 0 {
-        w.head.bytes as f64 / (Calibration::rate(&c.matvec_gb_s, &w.head.ty) * 1e9)
+        c.products_s(&[w.head.matrix()], false)
     } else {
         0.0
     };
@@ -340,7 +478,7 @@ pub fn predict_prefill(c: &Calibration, w: &TokenWork, past: usize, n: usize, ba
     let io_pass = w.weight_flash_bytes as f64 * (1.0 - head_share) / flash
         + (w.weight_upload_bytes as f64 - w.head.streamed_bytes as f64 * upload_share).max(0.0)
             / up;
-    let beta = c.overlap_beta.clamp(0.0, 1.0);
+    let beta = c.beta_for(w.layer_bytes);
     let attn = w.kv_bytes_per_key as f64 / (c.prefill_attn().max(1e-6) * 1e9);
     let mut total = 0.0;
     let mut left = n;
@@ -386,13 +524,106 @@ mod tests {
             upload_gb_s: 10.0,
             matvec_gb_s: [("Q4_1".to_string(), 1.0), ("Q8_0".to_string(), 2.0)].into(),
             prefill_gb_s: [("Q4_1".to_string(), 8.0)].into(),
+            matmul_points: Vec::new(),
             dispatch_s: 20e-6,
             attn_gb_s: 4.0,
             prefill_attn_gb_s: 0.0,
             overlap_beta: 0.25,
+            overlap_points: Vec::new(),
             compute_scale: 1.0,
             device: None,
         }
+    }
+
+    fn mat(ty: &str, bytes: u64) -> MatrixWork {
+        MatrixWork {
+            ty: ty.into(),
+            rows: 1000,
+            cols: bytes / 1000,
+            bytes,
+        }
+    }
+
+    #[test]
+    fn beta_by_layer_size() {
+        let mut c = cal();
+        // No sizes: the one β.
+        assert_eq!(c.beta_for(5_000_000), 0.25);
+        c.overlap_points = vec![
+            OverlapPoint {
+                layer_bytes: 25_000_000,
+                beta: 0.7,
+            },
+            OverlapPoint {
+                layer_bytes: 2_500_000,
+                beta: 0.2,
+            },
+        ];
+        // Held at the ends (and for no streamed layer), linear in log(bytes) between: 7.9 MB
+        // is about halfway from 2.5 to 25 MB in log terms.
+        assert_eq!(c.beta_for(0), 0.2);
+        assert_eq!(c.beta_for(1_000_000), 0.2);
+        assert_eq!(c.beta_for(100_000_000), 0.7);
+        let mid = (2_500_000f64 * 25_000_000f64).sqrt() as u64;
+        assert!((c.beta_for(mid) - 0.45).abs() < 1e-6, "{}", c.beta_for(mid));
+        // A prediction uses the β of its streamed layers' size.
+        let w = TokenWork {
+            matrices: vec![mat("Q4_1", 60_000_000)],
+            weight_flash_bytes: 80_000_000,
+            weight_upload_bytes: 80_000_000,
+            piece: 1 << 20,
+            threads: 4,
+            mode: "direct".into(),
+            layer_bytes: 100_000_000,
+            ..Default::default()
+        };
+        // Compute 60 ms, I/O 40 + 8 = 48 ms: 60 + 0.7 × 48.
+        let p = predict_token(&c, &w);
+        assert!((p.ms_per_token - 93.6).abs() < 1e-9, "{p:?}");
+    }
+
+    #[test]
+    fn product_rates_by_shape() {
+        let pt = |rows: u32, cols: u32, bytes: u64, d: f64, model: bool| MatmulPoint {
+            ty: "Q4_K".into(),
+            rows,
+            cols,
+            bytes,
+            decode_gb_s: d,
+            prefill_gb_s: 2.0 * d,
+            model,
+        };
+        let mut c = cal();
+        c.matmul_points = vec![
+            pt(512, 512, 1_000, 0.5, false),
+            pt(4096, 4096, 100_000, 1.5, false),
+            pt(300, 700, 50_000, 3.0, true),
+        ];
+        let m = |rows: u64, cols: u64, bytes: u64| MatrixWork {
+            ty: "Q4_K".into(),
+            rows,
+            cols,
+            bytes,
+        };
+        // Its own shape: the point measured on it, whatever the interpolation would say.
+        assert_eq!(c.product_gb_s(&m(300, 700, 50_000), false), 3.0);
+        // Rows past the cap are measured on the cap.
+        assert_eq!(c.product_gb_s(&m(90_000, 4096, 100_000), true), 3.0);
+        // Between points, linear in log(bytes): 10 000 bytes lie halfway from 1 000 to 100 000
+        // (the 50 000-byte point is a shape of its own, but counts as a point too): between
+        // 1 000 (0.5) and 50 000 (3.0), at ln(10)/ln(50) of the way.
+        let f = 10f64.ln() / 50f64.ln();
+        let r = c.product_gb_s(&m(100, 100, 10_000), false);
+        assert!((r - (0.5 + f * 2.5)).abs() < 1e-12, "{r}");
+        // Outside: held at the ends.
+        assert_eq!(c.product_gb_s(&m(10, 10, 10), false), 0.5);
+        assert_eq!(c.product_gb_s(&m(9000, 9000, 1 << 30), false), 1.5);
+        // A type without points: the per-type rate, else the slowest measured type.
+        assert_eq!(c.product_gb_s(&mat("Q8_0", 5), false), 2.0);
+        assert_eq!(c.product_gb_s(&mat("Q6_K", 5), false), 1.0);
+        // Seconds: 1 MB at 1 GB/s + 2 MB of Q8_0 at 2 GB/s.
+        let s = c.products_s(&[mat("Q4_1", 1_000_000), mat("Q8_0", 2_000_000)], false);
+        assert!((s - 2e-3).abs() < 1e-15, "{s}");
     }
 
     #[test]
@@ -403,11 +634,7 @@ mod tests {
         // 10 GB/s = 8 ms; KV 4 MB from flash = 2 ms, 6 MB uploaded = 0.6 ms: I/O 50.6 ms.
         // T = 82 + 0.25 × 50.6 = 94.65 ms.
         let w = TokenWork {
-            matmul_bytes: [
-                ("Q4_1".to_string(), 60_000_000),
-                ("Q8_0".to_string(), 20_000_000),
-            ]
-            .into(),
+            matrices: vec![mat("Q4_1", 60_000_000), mat("Q8_0", 20_000_000)],
             dispatches: 500,
             attn_bytes: 8_000_000,
             weight_flash_bytes: 80_000_000,
@@ -478,10 +705,13 @@ mod tests {
         // 10 ms of compute and 10 + 2 = 12 ms of I/O. Batch 1: 480 + 10 = 490 vs 36: 499;
         // batch 2: 270 + 10 + 10 = 290 vs 48: 302. Total 801.
         let with_head = TokenWork {
+            matrices: vec![mat("Q4_1", 60_000_000)],
             head: HeadWork {
                 ty: "Q8_0".into(),
                 bytes: 20_000_000,
                 streamed_bytes: 20_000_000,
+                rows: 20_000,
+                cols: 1000,
             },
             ..w.clone()
         };

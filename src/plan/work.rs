@@ -2,8 +2,6 @@
 //! dispatches, the attended KV bytes, the weight and KV bytes read from flash and uploaded,
 //! step by step for the pipeline simulation. [`super::perf`] turns it into time.
 
-use std::collections::BTreeMap;
-
 use serde::Serialize;
 
 use super::ExecPlan;
@@ -12,8 +10,8 @@ use super::hitrate::{KvModelInput, KvPrediction, Policy, predict};
 /// What one decoded token reads and runs, as the plan lays it out.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct TokenWork {
-    /// Weight bytes of each matrix product, by type name.
-    pub matmul_bytes: BTreeMap<String, u64>,
+    /// The layers' matrix products (the head's is [`TokenWork::head`]).
+    pub matrices: Vec<MatrixWork>,
     pub dispatches: u64,
     /// KV bytes attention reads (all layers).
     pub attn_bytes: u64,
@@ -44,6 +42,9 @@ pub struct TokenWork {
     /// The share of the largest streamed layer the staging ring holds, when below 1 (reads
     /// beyond it wait for the device); None: a whole layer, or reads in place.
     pub ring_share: Option<f64>,
+    /// Weight bytes of the largest streamed layer (0: none streams): the overlap share β
+    /// depends on it.
+    pub layer_bytes: u64,
     /// The output head's part of the above (a prefill runs it once, for its last token).
     pub head: HeadWork,
     /// K and V bytes of one cached token over all layers: a prefilled row's attention reads
@@ -58,13 +59,64 @@ pub struct HeadWork {
     pub ty: String,
     pub bytes: u64,
     pub streamed_bytes: u64,
+    /// Its rows (the vocabulary) and row length.
+    pub rows: u64,
+    pub cols: u64,
+}
+
+impl HeadWork {
+    pub fn matrix(&self) -> MatrixWork {
+        MatrixWork {
+            ty: self.ty.clone(),
+            rows: self.rows,
+            cols: self.cols,
+            bytes: self.bytes,
+        }
+    }
+}
+
+/// One matrix a pass multiplies by: the kernels' speed depends on its type and shape.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct MatrixWork {
+    pub ty: String,
+    pub rows: u64,
+    pub cols: u64,
+    pub bytes: u64,
+}
+
+impl MatrixWork {
+    pub fn of(t: &crate::gguf::TensorInfo) -> Self {
+        MatrixWork {
+            ty: t.ty.name().to_string(),
+            rows: t.n_rows(),
+            cols: t.row_len(),
+            bytes: t.n_bytes,
+        }
+    }
+}
+
+impl TokenWork {
+    /// Weight bytes of the matrix products of type `ty` (the head's included).
+    pub fn matrix_bytes(&self, ty: &str) -> u64 {
+        let head = if self.head.ty == ty {
+            self.head.bytes
+        } else {
+            0
+        };
+        head + self
+            .matrices
+            .iter()
+            .filter(|m| m.ty == ty)
+            .map(|m| m.bytes)
+            .sum::<u64>()
+    }
 }
 
 /// What one step of a pass reads and runs.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct StageWork {
-    /// Matrix weight bytes by type name.
-    pub matmul: BTreeMap<String, u64>,
+    /// Its matrix products.
+    pub matrices: Vec<MatrixWork>,
     /// Weight bytes read from flash (after the host cache), KV page bytes read from flash,
     /// and both copied from staging to the device.
     pub flash_bytes: f64,
@@ -184,14 +236,12 @@ impl RunIo {
 
 /// What one decode step reads and runs under `plan` with `n_past` cached tokens.
 pub fn token_work(plan: &ExecPlan, n_past: usize, io: &RunIo, reuse: f64) -> TokenWork {
-    let mut matmul_bytes: BTreeMap<String, u64> = BTreeMap::new();
-    for lw in &plan.layers {
-        for t in &lw.files {
-            *matmul_bytes.entry(t.ty.name().to_string()).or_default() += t.n_bytes;
-        }
-    }
+    let matrices: Vec<MatrixWork> = plan
+        .layers
+        .iter()
+        .flat_map(|lw| lw.files.iter().map(MatrixWork::of))
+        .collect();
     let head = &plan.head.info;
-    *matmul_bytes.entry(head.ty.name().to_string()).or_default() += head.n_bytes;
     // Per layer: the norms, biases and per-head norms, RoPE with the KV store, the matrix
     // dispatches (Q, K and V as one where they share it), attention per round and its merge
     // (none for a lone one-split round), page summaries and scores with selection.
@@ -260,17 +310,14 @@ pub fn token_work(plan: &ExecPlan, n_past: usize, io: &RunIo, reuse: f64) -> Tok
         .iter()
         .enumerate()
         .map(|(l, lw)| {
-            let mut matmul: BTreeMap<String, u64> = BTreeMap::new();
-            for t in &lw.files {
-                *matmul.entry(t.ty.name().to_string()).or_default() += t.n_bytes;
-            }
+            let matrices = lw.files.iter().map(MatrixWork::of).collect();
             let bytes: u64 = if plan.placement.resident_layers[l] {
                 0
             } else {
                 lw.files.iter().map(|t| t.n_bytes).sum()
             };
             StageWork {
-                matmul,
+                matrices,
                 flash_bytes: bytes as f64 * flash_share,
                 kv_flash_bytes: kv_flash_ahead,
                 upload_bytes: if io.in_place { 0.0 } else { bytes as f64 } + kv_up_ahead,
@@ -285,7 +332,7 @@ pub fn token_work(plan: &ExecPlan, n_past: usize, io: &RunIo, reuse: f64) -> Tok
         head.n_bytes
     };
     stages.push(StageWork {
-        matmul: [(head.ty.name().to_string(), head.n_bytes)].into(),
+        matrices: vec![MatrixWork::of(head)],
         flash_bytes: head_bytes as f64 * flash_share,
         kv_flash_bytes: 0.0,
         upload_bytes: head_bytes as f64,
@@ -297,7 +344,7 @@ pub fn token_work(plan: &ExecPlan, n_past: usize, io: &RunIo, reuse: f64) -> Tok
         },
     });
     TokenWork {
-        matmul_bytes,
+        matrices,
         dispatches,
         attn_bytes,
         weight_flash_bytes: streamed.saturating_sub(io.dram),
@@ -313,10 +360,13 @@ pub fn token_work(plan: &ExecPlan, n_past: usize, io: &RunIo, reuse: f64) -> Tok
         slots: plan.placement.slots,
         in_place: io.in_place,
         ring_share,
+        layer_bytes: largest,
         head: HeadWork {
             ty: head.ty.name().to_string(),
             bytes: head.n_bytes,
             streamed_bytes: head_bytes,
+            rows: head.n_rows(),
+            cols: head.row_len(),
         },
         kv_bytes_per_key: kv.kv_dim as u64 * 2 * elt * n_layers,
     }
