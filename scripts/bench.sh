@@ -6,6 +6,10 @@
 #   scripts/bench.sh kv stream       # only these, reusing the other tables' last output
 #   scripts/bench.sh summary         # the predicted-vs-measured table from bench-out/*.json
 # `calibrate` (first in the full list) measures this machine's constants for the predictions.
+# When it is in the list, it runs again before each later benchmark that predicts (resident,
+# stream, kv, s3), so that each prediction uses constants measured minutes before it (the shared
+# VM's speed drifts over an hour); bench-out/recalibrations.md lists every calibration's
+# headline constants.
 # KV_FLAGS adds flags to `bench kv` (its defaults are the 4,096-token S2; a slow adapter may need
 # e.g. KV_FLAGS="--prompt-tokens 1024 -n 64"); the table names the command as run.
 # Two side-by-side tables run only when asked, with what they compare against:
@@ -23,7 +27,23 @@ want=("$@")
 machine() {
   echo "Machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo) RAM, $(uname -m); $($B --list-adapters 2>/dev/null | head -1); $(date -u +%Y-%m-%d)"
 }
+calibrated=0
+recal_line() {
+  python3 - "$1" "$HOME/.cache/flashlm/calibration.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[2]))
+best = max((f["gb_s"] for f in c["flash"] if f["mode"] == "direct"), default=0)
+pts = sorted(c.get("overlap_points") or [], key=lambda p: p["layer_bytes"])
+beta = ", ".join(f'{p["beta"]:.2f} ({p["layer_bytes"] / 1e6:.1f} MB layers)' for p in pts) or f'{c["overlap_beta"]:.2f}'
+print(f'| {sys.argv[1]} | {best:.3f} | {c.get("compute_scale", 1):.2f} | {beta} |')
+PY
+}
 for w in "${want[@]}"; do
+  if [ "$calibrated" = 1 ] && [[ "$w" =~ ^(resident|stream|kv|s3)$ ]]; then
+    echo "## calibrate again before $w" >&2
+    $B calibrate > /dev/null
+    recal_line "before $w" >> bench-out/recalibrations.md
+  fi
   case "$w" in
     resident) cmd=($B bench resident --runs 5 --json bench-out/resident.json) ;;
     io)       cmd=($B bench io --bytes 64MiB --json bench-out/io.json --plot bench-out/io.svg) ;;
@@ -47,6 +67,14 @@ for w in "${want[@]}"; do
     "${cmd[@]}"
   } > "bench-out/$w.md.part"
   mv "bench-out/$w.md.part" "bench-out/$w.md"
+  if [ "$w" = calibrate ]; then
+    calibrated=1
+    {
+      echo "| calibration | direct read, fastest, GB/s | compute factor | β |"
+      echo "|---|---|---|---|"
+      recal_line "first (§0)"
+    } > bench-out/recalibrations.md
+  fi
 done
 awk '
   /^@@TABLE [a-z0-9]+@@$/ {
