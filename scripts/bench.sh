@@ -9,7 +9,8 @@
 # When it is in the list, it runs again before each later benchmark that predicts (resident,
 # stream, kv, s3), so that each prediction uses constants measured minutes before it (the shared
 # VM's speed drifts over an hour); bench-out/recalibrations.md lists every calibration's
-# headline constants.
+# headline constants. RECALIBRATE=1 does the same when calibrate is not in the list (adding its
+# rows to that list).
 # KV_FLAGS adds flags to `bench kv` (its defaults are the 4,096-token S2; a slow adapter may need
 # e.g. KV_FLAGS="--prompt-tokens 1024 -n 64"); the table names the command as run.
 # Two side-by-side tables run only when asked, with what they compare against:
@@ -27,7 +28,7 @@ want=("$@")
 machine() {
   echo "Machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo) RAM, $(uname -m); $($B --list-adapters 2>/dev/null | head -1); $(date -u +%Y-%m-%d)"
 }
-calibrated=0
+calibrated=${RECALIBRATE:-0}
 recal_line() {
   python3 - "$1" "$HOME/.cache/flashlm/calibration.json" <<'PY'
 import json, sys
@@ -42,7 +43,7 @@ for w in "${want[@]}"; do
   if [ "$calibrated" = 1 ] && [[ "$w" =~ ^(resident|stream|kv|s3)$ ]]; then
     echo "## calibrate again before $w" >&2
     $B calibrate > /dev/null
-    recal_line "before $w" >> bench-out/recalibrations.md
+    recal_line "before $w ($(date -u +%H:%M))" >> bench-out/recalibrations.md
   fi
   case "$w" in
     resident) cmd=($B bench resident --runs 5 --json bench-out/resident.json) ;;
@@ -72,7 +73,7 @@ for w in "${want[@]}"; do
     {
       echo "| calibration | direct read, fastest, GB/s | compute factor | β |"
       echo "|---|---|---|---|"
-      recal_line "first (§0)"
+      recal_line "first (§0, $(date -u +%H:%M))"
     } > bench-out/recalibrations.md
   fi
 done

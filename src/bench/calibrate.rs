@@ -464,8 +464,8 @@ fn overlap_spec() -> SyntheticSpec {
     }
 }
 
-/// β of a fully streamed run of the [`overlap_spec`] model (medians after a warm-up), with
-/// `cal`'s rates for the rest of the prediction.
+/// β of a fully streamed run of the [`overlap_spec`] model (medians after a warm-up, in turns
+/// with a resident run of it that scales `cal`'s kernel rates), with `cal`'s other rates.
 fn big_overlap_point(
     cal: &Calibration,
     gpu: &GpuOptions,
@@ -476,31 +476,49 @@ fn big_overlap_point(
     let path = crate::paths::cache_dir().join("calibration-overlap.gguf");
     super::s3::ensure_model(&path, &spec)?;
     let model = crate::model::load_model(&path)?;
-    let o = EngineOptions {
-        gpu: gpu.clone(),
-        ctx: Some(256),
-        resident: crate::plan::ResidentSpec::parse("none", model.cfg.n_layers)
-            .map_err(|e| e.to_string())?,
-        ..Default::default()
+    let engine = |resident: &str| -> BenchResult<Engine> {
+        let o = EngineOptions {
+            gpu: gpu.clone(),
+            ctx: Some(256),
+            resident: crate::plan::ResidentSpec::parse(resident, model.cfg.n_layers)
+                .map_err(|e| e.to_string())?,
+            ..Default::default()
+        };
+        let file = FlashFile::open(&model.path, ReaderOptions::default())?;
+        Ok(Engine::with_source(
+            model.gguf.clone(),
+            Arc::new(FlashSource::new(file, 0)),
+            &o,
+        )?)
     };
-    let file = FlashFile::open(&model.path, ReaderOptions::default())?;
-    let mut streamed =
-        Engine::with_source(model.gguf.clone(), Arc::new(FlashSource::new(file, 0)), &o)?;
+    let (mut resident, mut streamed) = (engine("all")?, engine("none")?);
     let prompt: Vec<u32> = prompt
         .iter()
         .map(|&t| t % model.cfg.vocab_size as u32)
         .collect();
-    let st = interleaved_medians(&mut [&mut streamed], &prompt, sm)?.remove(0);
+    // Resident and streamed in turns, and the compute side scaled to the resident run of the
+    // same turns: β is then what streaming adds beyond the pipeline, not the machine's drift
+    // since the kernel rates were measured.
+    let mut medians = interleaved_medians(&mut [&mut resident, &mut streamed], &prompt, sm)?;
+    let (st_r, st) = (medians.remove(0), medians.remove(0));
+    let mut local = cal.clone();
+    local.compute_scale = 1.0;
+    let kernels = crate::plan::perf::predict_token(&local, &resident.token_work(0.0));
+    if kernels.compute_ms > 0.0 && st_r.ms_per_token > 0.0 {
+        local.compute_scale = st_r.ms_per_token / kernels.compute_ms;
+    }
+    drop(resident);
     let w = streamed.token_work(st.selection_reuse);
-    let pred = crate::plan::perf::predict_token(cal, &w);
+    let pred = crate::plan::perf::predict_token(&local, &w);
     let beta = if pred.overlapped_ms > 0.0 {
         ((st.ms_per_token - pred.pipelined_ms) / pred.overlapped_ms).clamp(0.0, 1.0)
     } else {
         0.0
     };
     eprintln!(
-        "overlap, {:.1} MB layers: streamed run {:.1} ms/token, compute {:.1} ms, I/O {:.1} ms, pipelined {:.1} ms: beta {beta:.2}",
+        "overlap, {:.1} MB layers: resident run {:.1} ms/token, streamed {:.1}, compute {:.1} ms, I/O {:.1} ms, pipelined {:.1} ms: beta {beta:.2}",
         w.layer_bytes as f64 / 1e6,
+        st_r.ms_per_token,
         st.ms_per_token,
         pred.compute_ms,
         pred.weight_io_ms + pred.kv_io_ms,
