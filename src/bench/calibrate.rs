@@ -23,7 +23,9 @@ use crate::gpu::{GpuContext, GpuOptions};
 use crate::kernels::{self, KvShape, MatmulIo, Step};
 use crate::model::LoadedModel;
 use crate::model::synthetic::SyntheticSpec;
-use crate::plan::perf::{Calibration, FlashRate, MAX_MEASURED_ROWS, MatmulPoint, OverlapPoint};
+use crate::plan::perf::{
+    Calibration, FlashRate, MAX_MEASURED_ROWS, MatmulPoint, OverlapPoint, Prediction, TokenWork,
+};
 use crate::sampling::{Sampler, SamplerParams};
 
 type BenchResult<T> = Result<T, Box<dyn std::error::Error>>;
@@ -388,57 +390,39 @@ pub fn run(model: &LoadedModel, gpu: &GpuOptions) -> BenchResult<Calibration> {
         ..Default::default()
     });
     // In-pass compute: a resident run (no I/O) against what the kernel rates add up to for
-    // its pass.
-    let ro = EngineOptions {
-        gpu: gpu.clone(),
-        ctx: Some(256),
-        ..Default::default()
-    };
-    let file = FlashFile::open(&model.path, ReaderOptions::default())?;
-    let mut resident =
-        Engine::with_source(model.gguf.clone(), Arc::new(FlashSource::new(file, 0)), &ro)?;
-    let o = EngineOptions {
-        gpu: gpu.clone(),
-        ctx: Some(256),
-        resident: crate::plan::ResidentSpec::parse("none", model.cfg.n_layers)
-            .map_err(|e| e.to_string())?,
-        ..Default::default()
-    };
-    let file = FlashFile::open(&model.path, ReaderOptions::default())?;
-    let mut streamed =
-        Engine::with_source(model.gguf.clone(), Arc::new(FlashSource::new(file, 0)), &o)?;
+    // its pass; then the overlap, from a fully streamed run in the same turns.
+    let mut resident = calibration_engine(model, gpu, None)?;
+    let mut streamed = calibration_engine(model, gpu, Some("none"))?;
     let mut medians = interleaved_medians(&mut [&mut resident, &mut streamed], &prompt, &mut sm)?;
     let (st_r, st) = (medians.remove(0), medians.remove(0));
-    let kernels =
-        crate::plan::perf::predict_token(&cal, &resident.token_work(st_r.selection_reuse));
-    if kernels.compute_ms > 0.0 && st_r.ms_per_token > 0.0 {
-        // Kept as measured; `compute_factor` bounds it where it is used.
-        cal.compute_scale = st_r.ms_per_token / kernels.compute_ms;
-    }
-    eprintln!(
-        "compute: resident run {:.1} ms/token, kernels at their rates {:.1} ms: x{:.2}",
+    let (scale, kernels_ms) = fitted_scale(
+        &cal,
+        &resident.token_work(st_r.selection_reuse),
         st_r.ms_per_token,
-        kernels.compute_ms,
+    );
+    // Kept as measured; `compute_factor` bounds it where it is used.
+    cal.compute_scale = scale;
+    eprintln!(
+        "compute: resident run {:.1} ms/token, kernels at their rates {kernels_ms:.1} ms: x{:.2}",
+        st_r.ms_per_token,
         cal.compute_factor()
     );
     drop(resident);
     cal.adapter = streamed.ctx.info.name.clone();
     cal.device = Some(Engine::device_facts(&streamed.ctx)?);
-    let pred = crate::plan::perf::predict_token(&cal, &streamed.token_work(st.selection_reuse));
-    // The pipeline simulation with perfect overlap against the measured token: the share of
-    // the hidden time this machine does not hide.
-    let (c, i) = (pred.compute_ms, pred.weight_io_ms + pred.kv_io_ms);
-    cal.overlap_beta = if pred.overlapped_ms > 0.0 {
-        ((st.ms_per_token - pred.pipelined_ms) / pred.overlapped_ms).clamp(0.0, 1.0)
-    } else {
-        0.0
-    };
+    let w = streamed.token_work(st.selection_reuse);
+    let pred = crate::plan::perf::predict_token(&cal, &w);
+    cal.overlap_beta = fitted_beta(&pred, st.ms_per_token);
     eprintln!(
-        "overlap: streamed run {:.1} ms/token, compute {c:.1} ms, I/O {i:.1} ms, pipelined {:.1} ms: beta {:.2}",
-        st.ms_per_token, pred.pipelined_ms, cal.overlap_beta
+        "overlap: streamed run {:.1} ms/token, compute {:.1} ms, I/O {:.1} ms, pipelined {:.1} ms: beta {:.2}",
+        st.ms_per_token,
+        pred.compute_ms,
+        pred.weight_io_ms + pred.kv_io_ms,
+        pred.pipelined_ms,
+        cal.overlap_beta
     );
     let small = OverlapPoint {
-        layer_bytes: streamed.token_work(st.selection_reuse).layer_bytes,
+        layer_bytes: w.layer_bytes,
         beta: cal.overlap_beta,
     };
     drop(streamed);
@@ -447,6 +431,53 @@ pub fn run(model: &LoadedModel, gpu: &GpuOptions) -> BenchResult<Calibration> {
     let big = big_overlap_point(&cal, gpu, &prompt, &mut sm)?;
     cal.overlap_points = vec![small, big];
     Ok(cal)
+}
+
+/// An engine over `model` for the calibration's runs (`resident`: a `--resident` spec; None:
+/// the default placement).
+fn calibration_engine(
+    model: &LoadedModel,
+    gpu: &GpuOptions,
+    resident: Option<&str>,
+) -> BenchResult<Engine> {
+    let mut o = EngineOptions {
+        gpu: gpu.clone(),
+        ctx: Some(256),
+        ..Default::default()
+    };
+    if let Some(r) = resident {
+        o.resident =
+            crate::plan::ResidentSpec::parse(r, model.cfg.n_layers).map_err(|e| e.to_string())?;
+    }
+    let file = FlashFile::open(&model.path, ReaderOptions::default())?;
+    Ok(Engine::with_source(
+        model.gguf.clone(),
+        Arc::new(FlashSource::new(file, 0)),
+        &o,
+    )?)
+}
+
+/// The in-pass compute scale: a resident run's measured ms/token over what `cal`'s kernel
+/// rates add up to for its work `w` (1 when either is missing), and that sum in ms.
+fn fitted_scale(cal: &Calibration, w: &TokenWork, measured_ms: f64) -> (f64, f64) {
+    let mut at_rates = cal.clone();
+    at_rates.compute_scale = 1.0;
+    let kernels_ms = crate::plan::perf::predict_token(&at_rates, w).compute_ms;
+    if kernels_ms > 0.0 && measured_ms > 0.0 {
+        (measured_ms / kernels_ms, kernels_ms)
+    } else {
+        (1.0, kernels_ms)
+    }
+}
+
+/// β: the share of the time the pipeline simulation hides (perfect overlap) that a measured
+/// token of `measured_ms` did not hide.
+fn fitted_beta(pred: &Prediction, measured_ms: f64) -> f64 {
+    if pred.overlapped_ms > 0.0 {
+        ((measured_ms - pred.pipelined_ms) / pred.overlapped_ms).clamp(0.0, 1.0)
+    } else {
+        0.0
+    }
 }
 
 /// The synthetic model the overlap is measured on a second time: 6 layers of about 25 MB.
@@ -476,22 +507,8 @@ fn big_overlap_point(
     let path = crate::paths::cache_dir().join("calibration-overlap.gguf");
     super::s3::ensure_model(&path, &spec)?;
     let model = crate::model::load_model(&path)?;
-    let engine = |resident: &str| -> BenchResult<Engine> {
-        let o = EngineOptions {
-            gpu: gpu.clone(),
-            ctx: Some(256),
-            resident: crate::plan::ResidentSpec::parse(resident, model.cfg.n_layers)
-                .map_err(|e| e.to_string())?,
-            ..Default::default()
-        };
-        let file = FlashFile::open(&model.path, ReaderOptions::default())?;
-        Ok(Engine::with_source(
-            model.gguf.clone(),
-            Arc::new(FlashSource::new(file, 0)),
-            &o,
-        )?)
-    };
-    let (mut resident, mut streamed) = (engine("all")?, engine("none")?);
+    let mut resident = calibration_engine(&model, gpu, Some("all"))?;
+    let mut streamed = calibration_engine(&model, gpu, Some("none"))?;
     let prompt: Vec<u32> = prompt
         .iter()
         .map(|&t| t % model.cfg.vocab_size as u32)
@@ -502,19 +519,11 @@ fn big_overlap_point(
     let mut medians = interleaved_medians(&mut [&mut resident, &mut streamed], &prompt, sm)?;
     let (st_r, st) = (medians.remove(0), medians.remove(0));
     let mut local = cal.clone();
-    local.compute_scale = 1.0;
-    let kernels = crate::plan::perf::predict_token(&local, &resident.token_work(0.0));
-    if kernels.compute_ms > 0.0 && st_r.ms_per_token > 0.0 {
-        local.compute_scale = st_r.ms_per_token / kernels.compute_ms;
-    }
+    local.compute_scale = fitted_scale(cal, &resident.token_work(0.0), st_r.ms_per_token).0;
     drop(resident);
     let w = streamed.token_work(st.selection_reuse);
     let pred = crate::plan::perf::predict_token(&local, &w);
-    let beta = if pred.overlapped_ms > 0.0 {
-        ((st.ms_per_token - pred.pipelined_ms) / pred.overlapped_ms).clamp(0.0, 1.0)
-    } else {
-        0.0
-    };
+    let beta = fitted_beta(&pred, st.ms_per_token);
     eprintln!(
         "overlap, {:.1} MB layers: resident run {:.1} ms/token, streamed {:.1}, compute {:.1} ms, I/O {:.1} ms, pipelined {:.1} ms: beta {beta:.2}",
         w.layer_bytes as f64 / 1e6,
