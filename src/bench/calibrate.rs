@@ -162,7 +162,17 @@ pub fn attention_rate(
         window: 0,
     };
     let page_bytes = 2 * page as u64 * kv_dim as u64 * 2;
-    let pool = ctx.storage("pool", pages as u64 * page_bytes)?;
+    let pool_bytes = pages as u64 * page_bytes;
+    // A decode step reads each layer's pages once per token, the whole model's weights in
+    // between: time it over enough copies of the pages (each copy its own page table) that
+    // they come from memory, as the matrix rates are. A prefill batch reads its pages once per
+    // tile of rows, mostly from the caches, and is timed on one copy.
+    let copies = if rows == 1 {
+        (COLD_BYTES.div_ceil(pool_bytes.max(1)) as u32).clamp(1, 256)
+    } else {
+        1
+    };
+    let pool = ctx.storage("pool", copies as u64 * pool_bytes)?;
     let stream = ctx.storage("stream", 16)?;
     let q = ctx.storage(
         "q",
@@ -173,20 +183,24 @@ pub fn attention_rate(
         .collect();
     let n_rows = rows;
     let rows = ctx.storage_with("rows", bytemuck::cast_slice(&row_words))?;
-    let mut table = vec![
-        0u32,
-        3,
-        keys / kernels::ATTN_SPLIT_KEYS,
-        0,
-        pages,
-        keys,
-        0,
-        0,
-    ];
-    for p in 0..pages {
-        table.extend_from_slice(&[p, p]);
-    }
-    let tb = ctx.storage_with("table", bytemuck::cast_slice(&table))?;
+    let tables = (0..copies)
+        .map(|c| {
+            let mut table = vec![
+                0u32,
+                3,
+                keys / kernels::ATTN_SPLIT_KEYS,
+                0,
+                pages,
+                keys,
+                0,
+                0,
+            ];
+            for p in 0..pages {
+                table.extend_from_slice(&[p, c * pages + p]);
+            }
+            ctx.storage_with("table", bytemuck::cast_slice(&table))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let hd2 = (cfg.head_dim + 2) as u64;
     let per_row = cfg.n_heads as u64 * hd2 * 4;
     let part = ctx.storage("part", n_rows as u64 * shape.round_splits as u64 * per_row)?;
@@ -196,37 +210,43 @@ pub fn attention_rate(
         (n_rows * cfg.n_heads as u32 * cfg.head_dim as u32 * 4) as u64,
     )?;
     let s = step(ctx, n_rows)?;
-    let bufs = kernels::AttnBuffers {
-        step: &s,
-        rows: &rows,
-        table: &tb,
-        q: &q,
-        home: &pool,
-        stream: &stream,
-        part: &part,
-        out: &out,
-    };
-    let tiled = if n_rows > 1 {
-        kernels::attention_tiled(ctx, &bufs, &shape)?
+    let mut list = Vec::with_capacity(2 * copies as usize);
+    for tb in &tables {
+        let bufs = kernels::AttnBuffers {
+            step: &s,
+            rows: &rows,
+            table: tb,
+            q: &q,
+            home: &pool,
+            stream: &stream,
+            part: &part,
+            out: &out,
+        };
+        let tiled = if n_rows > 1 {
+            kernels::attention_tiled(ctx, &bufs, &shape)?
+        } else {
+            None
+        };
+        list.push(match tiled {
+            Some(d) => d,
+            None => kernels::attention_partial(ctx, &bufs, &shape)?,
+        });
+        list.push(kernels::attention_merge(
+            ctx, &s, tb, &part, &run, &out, &shape,
+        )?);
+    }
+    let reps = if n_rows > 1 {
+        2
     } else {
-        None
+        16usize.div_ceil(copies as usize).max(2)
     };
-    let partial = match tiled {
-        Some(d) => d,
-        None => kernels::attention_partial(ctx, &bufs, &shape)?,
-    };
-    let list = vec![
-        partial,
-        kernels::attention_merge(ctx, &s, &tb, &part, &run, &out, &shape)?,
-    ];
-    let reps = if n_rows > 1 { 2 } else { 16 };
     let t = time_list(ctx, &list, n_rows, reps)?;
     // Row t attends keys 0 ..= keys - rows + t.
     let attended: u64 = (0..n_rows as u64)
         .map(|t| (keys - n_rows) as u64 + t + 1)
         .sum();
     let bytes = attended as f64 * kv_dim as f64 * 2.0 * 2.0;
-    Ok(bytes * reps as f64 / t / 1e9)
+    Ok(bytes * (reps * copies as usize) as f64 / t / 1e9)
 }
 
 /// Runs of each engine that [`interleaved_medians`] counts.
