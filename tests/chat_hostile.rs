@@ -278,3 +278,127 @@ fn the_fuzzer_input_that_timed_out_ends_in_a_typed_error() {
         start.elapsed()
     );
 }
+
+/// Values far larger than they cost to build (a list holding another twice, doubled forty
+/// times; a list repeated lazily a hundred million times) fail with a typed error in this
+/// process, quickly, wherever a single instruction would walk them: printing, `~`, filters,
+/// serializing, comparing, hashing, unpacking, methods.
+#[test]
+fn walks_over_cheaply_built_values_are_paid_for() {
+    let dags = "{% set ns = namespace(x=[1], y=[1]) %}{% for i in range(40) %}\
+                {% set ns.x = [ns.x, ns.x] %}{% set ns.y = [ns.y, ns.y] %}{% endfor %}";
+    let deep = "{% set ns = namespace(x=[]) %}{% for i in range(20000) %}{% set ns.x = [ns.x] %}{% endfor %}";
+    let lazy = "{% set big = [1, 'b'] * 50000000 %}";
+    let cases = [
+        format!("{dags}{{{{ ns.x }}}}"),
+        format!("{dags}{{{{ (ns.x ~ '')|length }}}}"),
+        format!("{dags}{{{{ ns.x|tojson }}}}"),
+        format!("{dags}{{{{ ns.x|string|length }}}}"),
+        format!("{dags}{{{{ ns.x|join(',') }}}}"),
+        format!("{dags}{{{{ ns.x|lower }}}}"),
+        format!("{dags}{{{{ '%s'|format(ns.x) }}}}"),
+        format!("{dags}{{{{ ns.x|replace('1', '2') }}}}"),
+        format!("{dags}{{{{ ns.x == ns.y }}}}"),
+        format!("{dags}{{{{ ns.x != ns.y }}}}"),
+        format!("{dags}{{{{ ns.x < ns.y }}}}"),
+        format!("{dags}{{{{ ns.x < ns.y < 3 }}}}"),
+        format!("{dags}{{{{ ns.x in [ns.y] }}}}"),
+        format!("{dags}{{{{ ns.x is eq ns.y }}}}"),
+        format!("{dags}{{{{ {{ns.x: 1}}|length }}}}"),
+        format!("{dags}{{{{ {{}}[ns.x] }}}}"),
+        format!("{dags}{{{{ [ns.x, ns.y]|sort|length }}}}"),
+        format!("{dags}{{{{ [ns.x, ns.y]|unique|list|length }}}}"),
+        format!("{dags}{{{{ [{{'a': ns.x}}]|selectattr('a', 'equalto', ns.y)|list|length }}}}"),
+        format!("{dags}{{{{ [ns.x]|map('string')|list|length }}}}"),
+        format!("{dags}{{% for i in range(3) %}}{{{{ loop.changed(ns.x) }}}}{{% endfor %}}"),
+        format!("{dags}{{{{ ','.join([ns.x]) }}}}"),
+        format!("{dags}{{{{ messages[0].get(ns.x) }}}}"),
+        format!("{dags}{{{{ raise_exception(ns.x) }}}}"),
+        format!("{deep}{{{{ ns.x|tojson(indent=8)|length }}}}"),
+        "{{ [[1]]|tojson(indent=1000000000000) }}".to_string(),
+        format!("{lazy}{{{{ big ~ '' }}}}"),
+        format!("{lazy}{{{{ big }}}}"),
+        format!("{lazy}{{{{ big|list|length }}}}"),
+        format!("{lazy}{{{{ big|sort|length }}}}"),
+        format!("{lazy}{{{{ big|tojson|length }}}}"),
+        format!("{lazy}{{% set a, b = big %}}"),
+        format!("{lazy}{{{{ 2 in big }}}}"),
+        format!(
+            "{{{{ (['{}', 'b'] * 2415219 ~ 333)|length }}}}",
+            "y".repeat(400)
+        ),
+    ];
+    for src in &cases {
+        let start = Instant::now();
+        let r = render(src);
+        eprintln!(
+            "{src}: {:?} after {:?}",
+            r.as_ref().map(|s| s.len()),
+            start.elapsed()
+        );
+        match r {
+            Err(ChatError::OutOfFuel { .. }) | Err(ChatError::Render(_)) => {}
+            other => panic!("{src}: expected a typed error, got {other:?}"),
+        }
+    }
+}
+
+/// The guards hand every operand back unchanged: comparisons (chained too), `in`, lookups,
+/// map literals, unpacking, filters with keyword arguments and tests give what they always
+/// gave.
+#[test]
+fn guarded_operations_keep_their_meaning() {
+    let src = "{% set a, b = [1, 'x'] %}{{ a }}{{ b }}|{{ 1 < 2 < 3 }}{{ 3 < 2 < 1 }}|\
+{{ 'ell' in 'hello' }}{{ 2 in [1, 2] }}{{ 'k' in {'k': 1} }}{{ 3 not in [1] }}|\
+{{ {'a': 1, 'b': [2]}['b'][0] }}|{{ [3, 1, 2]|sort|join(',') }}|\
+{{ {'z': 1, 'a': 2}|dictsort|first|first }}|{{ [1, 2]|tojson }}|{{ {'a': [1]}|tojson(indent=2) }}|\
+{{ 'aXaXa'|replace('a', 'b', count=2) }}|{{ [1, 1, 2]|unique|list|length }}|\
+{{ messages|selectattr('role', 'equalto', 'user')|list|length }}|{{ 2 is eq 2 }}{{ 'a' is lt 'b' }}|\
+{% for m in messages %}{{ loop.changed(m.role) }}{% endfor %}|{{ [1, [2, 'q']] }}|{{ [1] ~ 'z' }}|\
+{{ messages[0]['content'] }}{{ messages[0]['role'] }}|{{ '%s-%s'|format(1, 'x') }}|\
+{{ ['a', 'b']|map('upper')|join }}|{{ (1, 2) == (1, 2) }}{{ [1, 2] == [1, 2] }}";
+    let t = ChatTemplate::new(src, "<s>", "</s>").unwrap();
+    let out = t
+        .render(
+            &[ChatMessage::user("hi"), ChatMessage::user("again")],
+            false,
+        )
+        .unwrap();
+    assert_eq!(
+        out,
+        "1x|TrueFalse|TrueTrueTrueTrue|2|1,2,3|a|[1, 2]|{\n  \"a\": [\n    1\n  ]\n}|bXbXa|2|2|\
+TrueTrue|TrueFalse|[1, [2, 'q']]|[1]z|hiuser|1-x|AB|TrueTrue"
+    );
+    // The same as minijinja renders it without flashlm's guards.
+    let mut plain = minijinja::Environment::new();
+    plain.add_template("t", src).unwrap();
+    let messages = vec![
+        minijinja::context! { role => "user", content => "hi" },
+        minijinja::context! { role => "user", content => "again" },
+    ];
+    let want = plain
+        .get_template("t")
+        .unwrap()
+        .render(minijinja::context! { messages => messages })
+        .unwrap();
+    assert_eq!(out, want);
+}
+
+/// flashlm's own helpers cannot be named (and so shadowed) by a template.
+#[test]
+fn reserved_names_are_refused() {
+    for src in [
+        "{% set __flashlm_walk = 1 %}",
+        "{% macro __flashlm_walk_pair(a, b) %}{% endmacro %}",
+        "{{ __flashlm_acyclic }}",
+    ] {
+        match ChatTemplate::new(src, "", "") {
+            Err(ChatError::Reserved { name, .. }) => {
+                assert!(name.starts_with("__flashlm"), "{name}")
+            }
+            other => panic!("{src}: expected Reserved, got {other:?}"),
+        }
+    }
+    // `debug()` (which prints every value in reach without paying) is gone.
+    assert!(matches!(render("{{ debug() }}"), Err(ChatError::Render(_))));
+}

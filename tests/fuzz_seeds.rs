@@ -106,6 +106,34 @@ fn chat_seeds() -> Vec<(String, Vec<u8>)> {
         b.extend_from_slice(b"\0Hi there\0Hello!\0 Bye ");
         out.push((name.to_string(), b));
     }
+    // Inputs the fuzzer found (regression fixtures), and values far larger than they cost to
+    // build: mutations start next to the walks that must be paid for.
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chat");
+    let mut found: Vec<_> = std::fs::read_dir(&fixtures)
+        .expect("tests/fixtures/chat")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
+    found.sort();
+    for path in found {
+        let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+        out.push((name, std::fs::read(&path).expect("reading a chat fixture")));
+    }
+    for (name, src) in [
+        (
+            "shared-lists",
+            "{% set ns = namespace(x=[1], y=[1]) %}{% for i in range(40) %}{% set ns.x = [ns.x, ns.x] %}\
+             {% set ns.y = [ns.y, ns.y] %}{% endfor %}{{ ns.x == ns.y }}{{ {ns.x: 1} }}{{ ns.x|tojson }}",
+        ),
+        (
+            "lazy-repeat",
+            "{% set big = [1, 'b'] * 50000000 %}{{ big ~ '' }}{{ big|sort|first }}{{ 2 in big }}",
+        ),
+    ] {
+        let mut b = vec![0u8];
+        b.extend_from_slice(src.as_bytes());
+        b.extend_from_slice(b"\0Hi there");
+        out.push((name.to_string(), b));
+    }
     out
 }
 

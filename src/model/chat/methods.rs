@@ -5,13 +5,19 @@
 use minijinja::value::{Value, ValueKind};
 use minijinja::{Error, ErrorKind, State};
 
+use super::bounded;
+
 /// Charges the render for about `bytes` bytes it is about to create.
 fn charge(state: &State, bytes: usize) -> Result<(), Error> {
     state.consume_fuel((bytes / 64) as u64 + 1)
 }
 
 /// `raise_exception(message)`: templates call it to reject a conversation.
-pub(super) fn raise_exception(message: String) -> Result<Value, Error> {
+pub(super) fn raise_exception(state: &State, message: Value) -> Result<Value, Error> {
+    let message = match message.as_str() {
+        Some(s) => s.to_string(),
+        None => bounded::text_of(state, &message)?,
+    };
     Err(Error::new(
         ErrorKind::InvalidOperation,
         format!("template raised an exception: {message}"),
@@ -40,7 +46,7 @@ pub(super) fn python_method(
         return string_method(state, s, method, args);
     }
     if value.kind() == ValueKind::Map {
-        return map_method(value, method, args);
+        return map_method(state, value, method, args);
     }
     Err(Error::from(ErrorKind::UnknownMethod))
 }
@@ -151,7 +157,7 @@ fn string_method(state: &State, s: &str, method: &str, args: &[Value]) -> Result
             };
             let mut out = String::new();
             for (i, v) in items.try_iter()?.enumerate() {
-                let part = v.to_string();
+                let part = bounded::text_of(state, &v)?;
                 let sep = if i > 0 { s } else { "" };
                 charge(state, sep.len().saturating_add(part.len()))?;
                 out.push_str(sep);
@@ -182,7 +188,7 @@ fn string_method(state: &State, s: &str, method: &str, args: &[Value]) -> Result
     })
 }
 
-fn map_method(map: &Value, method: &str, args: &[Value]) -> Result<Value, Error> {
+fn map_method(state: &State, map: &Value, method: &str, args: &[Value]) -> Result<Value, Error> {
     Ok(match method {
         "items" => {
             let mut pairs = Vec::new();
@@ -204,6 +210,7 @@ fn map_method(map: &Value, method: &str, args: &[Value]) -> Result<Value, Error>
             let Some(key) = args.first() else {
                 return Err(wrong_args(method));
             };
+            bounded::walk_key(state, key)?;
             let v = map.get_item(key)?;
             if v.is_undefined() {
                 args.get(1).cloned().unwrap_or(Value::from(()))

@@ -16,10 +16,16 @@
 //! - a namespace cannot be made to contain itself (which minijinja would walk without end
 //!   wherever the value is printed, compared or serialized): every `{% set ns.attr = value %}`
 //!   checks that `value` does not lead back to `ns` (see `acyclic`);
-//! - fuel is charged per instruction, so one filter applied to a value built cheaply (a list
-//!   holding itself twice, doubled thirty times, printed or serialized) can still take
-//!   unbounded time and memory: `flashlm chat` and `serve` therefore render in a [`Sandbox`],
-//!   a child process with a memory limit and a deadline.
+//! - every single instruction that walks a whole value (printing it, `~`, comparing, hashing,
+//!   unpacking, filters and tests that read more than a value's surface, `tojson`) first walks
+//!   it as far as the remaining fuel can pay and charges that walk (see `bounded`): a value far
+//!   larger than it cost to build (a list repeated lazily, a list holding another twice,
+//!   doubled in a loop) fails with [`ChatError::OutOfFuel`] instead of taking minutes or all
+//!   memory. For this the template is compiled with minijinja's own parser and code
+//!   generator, and guard calls are put in front of those instructions; names starting with
+//!   `__flashlm` are reserved for them;
+//! - `flashlm chat` and `serve` also render in a [`Sandbox`], a child process with a memory
+//!   limit and a deadline, as a second wall.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -33,6 +39,7 @@ use thiserror::Error;
 use crate::gguf::{GgufError, GgufFile};
 
 mod acyclic;
+mod bounded;
 mod methods;
 pub mod sandbox;
 
@@ -96,6 +103,10 @@ pub enum ChatError {
     Syntax(#[source] Error),
     #[error("rendering the chat template failed: {0:#}")]
     Render(#[source] Error),
+    #[error(
+        "the chat template uses the name `{name}`: names starting with `{prefix}` are reserved"
+    )]
+    Reserved { name: String, prefix: &'static str },
     #[error("the chat template is {len} bytes, more than the {max} accepted")]
     TooLarge { len: usize, max: usize },
     #[error(
@@ -148,6 +159,9 @@ pub struct ChatTemplate {
     /// Locked while rendering: each render sets its own fuel.
     env: Mutex<Environment<'static>>,
     source: String,
+    /// `source` with its namespace assignments guarded (see `acyclic`): what is compiled.
+    guarded: String,
+    syntax: SyntaxConfig,
     bos_token: String,
     eos_token: String,
     /// Where renders run: in this process when `None`.
@@ -178,28 +192,45 @@ impl ChatTemplate {
                 max: MAX_TEMPLATE_BYTES,
             });
         }
+        if let Some(at) = source.find(bounded::RESERVED_PREFIX) {
+            let name: String = source[at..]
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            return Err(ChatError::Reserved {
+                name,
+                prefix: bounded::RESERVED_PREFIX,
+            });
+        }
         let mut env = Environment::new();
-        // `pprint` builds its whole (indented, so quadratic in the nesting depth) text without
-        // paying fuel: a value nested 20 000 deep, cheap to build, took minutes. Chat templates
-        // have no use for a debugging printer.
+        // `pprint` and `debug()` build their whole text without paying fuel (`pprint` indents,
+        // so it is quadratic in the nesting depth: a value nested 20 000 deep, cheap to build,
+        // took minutes). Chat templates have no use for a debugging printer.
         env.remove_filter("pprint");
+        env.remove_global("debug");
         env.set_recursion_limit(RECURSION_LIMIT);
         env.set_fuel(Some(BASE_FUEL));
+        // Printing and `~` measure a value before writing it (see `bounded`).
+        env.set_formatter(bounded::formatter);
         let syntax = SyntaxConfig::builder()
             .trim_blocks(true)
             .lstrip_blocks(true)
             .build()
             .map_err(ChatError::Syntax)?;
         let guarded = acyclic::guard_assignments(&source, syntax.clone());
-        env.set_syntax(syntax);
+        env.set_syntax(syntax.clone());
         env.add_function("raise_exception", raise_exception);
         env.add_function(acyclic::GUARD, acyclic::acyclic);
+        bounded::add_guards(&mut env);
         env.set_unknown_method_callback(python_method);
-        env.add_template_owned(TEMPLATE_NAME, guarded)
-            .map_err(ChatError::Syntax)?;
+        // Compiled once here to report syntax errors; each render compiles again (the
+        // instructions borrow the source).
+        bounded::compile(TEMPLATE_NAME, &guarded, syntax.clone()).map_err(ChatError::Syntax)?;
         Ok(ChatTemplate {
             env: Mutex::new(env),
             source,
+            guarded,
+            syntax,
             bos_token: bos_token.into(),
             eos_token: eos_token.into(),
             sandbox: None,
@@ -270,9 +301,8 @@ impl ChatTemplate {
     }
 
     /// Renders a conversation in this process, whatever the sandbox setting, on a thread of
-    /// its own with a [`RENDER_STACK`] stack: fuel and the recursion limit bound it, but
-    /// neither bounds the memory or time of one filter applied to a value a template built
-    /// cheaply (see [`Sandbox`]).
+    /// its own with a [`RENDER_STACK`] stack: fuel, the paid walks and the recursion limit
+    /// bound it (the [`Sandbox`] adds a memory limit and a deadline on top).
     pub fn render_here(
         &self,
         messages: &[ChatMessage],
@@ -317,11 +347,21 @@ impl ChatTemplate {
         ctx.insert("eos_token", Value::from(self.eos_token.as_str()));
         let mut env = self.env.lock().unwrap_or_else(|e| e.into_inner());
         env.set_fuel(Some(fuel));
-        let template = env.get_template(TEMPLATE_NAME).map_err(ChatError::Render)?;
+        let env: &Environment<'_> = &env;
+        let (root, blocks) = bounded::compile(TEMPLATE_NAME, &self.guarded, self.syntax.clone())
+            .map_err(ChatError::Syntax)?;
         acyclic::start_render();
-        template
-            .render(Value::from(ctx))
-            .map_err(|e| render_error(e, fuel))
+        let mut text = String::new();
+        minijinja::machinery::eval(
+            env,
+            &root,
+            Value::from(ctx),
+            &blocks,
+            &mut minijinja::machinery::make_string_output(&mut text),
+            minijinja::AutoEscape::None,
+        )
+        .map_err(|e| render_error(e, fuel))?;
+        Ok(text)
     }
 }
 

@@ -1,14 +1,14 @@
 //! Chat template renders in a child process with a memory limit and a deadline.
 //!
-//! Fuel bounds the instructions a template runs, but not what one instruction costs: a
-//! template can build a value that holds itself twice, doubled thirty times, in thirty cheap
-//! steps, and then print, serialize or join it (2^30 leaves), which takes unbounded time and
-//! memory inside a single filter. No in-process limit stops that, so a [`Sandbox`] renders in a
-//! separate process: it sends the template and the conversation as JSON on the child's stdin,
-//! the child (see [`child_main`]) caps its own address space and CPU time, renders with the same
-//! fuel and recursion limits as [`ChatTemplate::render_here`], and answers as JSON on stdout;
-//! the parent kills it at the deadline. A stopped render is a typed error
-//! ([`ChatError::Limit`]), never a hung or killed server.
+//! In process, fuel bounds the instructions a template runs and every walk one instruction
+//! makes over a value is paid for before it starts (see `bounded`). The sandbox is a second
+//! wall around that, for what no in-process check can catch (a bug in the template engine, a
+//! walk that was missed): a [`Sandbox`] renders in a separate process: it sends the template
+//! and the conversation as JSON on the child's stdin, the child (see [`child_main`]) caps its
+//! own address space and CPU time, renders with the same fuel and recursion limits as
+//! [`ChatTemplate::render_here`], and answers as JSON on stdout; the parent kills it at the
+//! deadline. A stopped render is a typed error ([`ChatError::Limit`]), never a hung or killed
+//! server.
 
 use std::ffi::OsString;
 use std::io::{Read, Write};
