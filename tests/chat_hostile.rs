@@ -356,7 +356,9 @@ fn guarded_operations_keep_their_meaning() {
 {{ messages|selectattr('role', 'equalto', 'user')|list|length }}|{{ 2 is eq 2 }}{{ 'a' is lt 'b' }}|\
 {% for m in messages %}{{ loop.changed(m.role) }}{% endfor %}|{{ [1, [2, 'q']] }}|{{ [1] ~ 'z' }}|\
 {{ messages[0]['content'] }}{{ messages[0]['role'] }}|{{ '%s-%s'|format(1, 'x') }}|\
-{{ ['a', 'b']|map('upper')|join }}|{{ (1, 2) == (1, 2) }}{{ [1, 2] == [1, 2] }}";
+{{ ['a', 'b']|map('upper')|join }}|{{ (1, 2) == (1, 2) }}{{ [1, 2] == [1, 2] }}|\
+{{ 2 * 3 }}{{ 'ab' * 2 }}{{ [1] * 2 }}{{ 2 * [1] }}{{ 7 / 2 * 2 }}{{ 2 * 3 / 4 }}{{ -2 * 3 }}{{ (1, 2) * 2 }}|\
+{% macro m(a, b) %}{{ a }}{{ b }}{% endmacro %}{{ m(*[1, 2]) }}{{ m(*([3] * 2)) }}";
     let t = ChatTemplate::new(src, "<s>", "</s>").unwrap();
     let out = t
         .render(
@@ -367,7 +369,8 @@ fn guarded_operations_keep_their_meaning() {
     assert_eq!(
         out,
         "1x|TrueFalse|TrueTrueTrueTrue|2|1,2,3|a|[1, 2]|{\n  \"a\": [\n    1\n  ]\n}|bXbXa|2|2|\
-TrueTrue|TrueFalse|[1, [2, 'q']]|[1]z|hiuser|1-x|AB|TrueTrue"
+TrueTrue|TrueFalse|[1, [2, 'q']]|[1]z|hiuser|1-x|AB|TrueTrue|6abab[1, 1][1, 1]7.01.5-6(1, 2, 1, 2)|\
+1233"
     );
     // The same as minijinja renders it without flashlm's guards.
     let mut plain = minijinja::Environment::new();
@@ -382,6 +385,30 @@ TrueTrue|TrueFalse|[1, [2, 'q']]|[1]z|hiuser|1-x|AB|TrueTrue"
         .render(minijinja::context! { messages => messages })
         .unwrap();
     assert_eq!(out, want);
+}
+
+/// minijinja folds constant expressions while it compiles, without fuel: a list repeated
+/// lazily a hundred million times, then printed, joined with `~`, compared or searched, was all
+/// built or walked at compile time. Products are no longer folded, so these fail with a typed
+/// error at render time, quickly (compiling included).
+#[test]
+fn constant_expressions_are_not_folded_past_the_fuel() {
+    let y = "y".repeat(400);
+    for src in [
+        format!("{{{{ (['{y}', 'b'] * 2415219 ~ 333)|length }}}}"),
+        "{{ [1] * 100000000 == [1] * 100000000 }}".to_string(),
+        "{{ 2 in [1] * 100000000 }}".to_string(),
+        "{{ ([1] * 100000000 ~ '')|length }}".to_string(),
+        "{{ [1, 2] * 50000000 }}".to_string(),
+    ] {
+        let start = Instant::now();
+        let t = ChatTemplate::new(src.as_str(), "", "").unwrap();
+        match t.render(&[ChatMessage::user("hi")], true) {
+            Err(ChatError::OutOfFuel { .. }) => {}
+            other => panic!("{src}: expected OutOfFuel, got {other:?}"),
+        }
+        assert!(start.elapsed() < BOUND, "{src}: {:?}", start.elapsed());
+    }
 }
 
 /// flashlm's own helpers cannot be named (and so shadowed) by a template.

@@ -217,7 +217,8 @@ impl ChatTemplate {
             .lstrip_blocks(true)
             .build()
             .map_err(ChatError::Syntax)?;
-        let guarded = acyclic::guard_assignments(&source, syntax.clone());
+        let unfolded = bounded::unfold_products(&source, syntax.clone());
+        let guarded = acyclic::guard_assignments(&unfolded, syntax.clone());
         env.set_syntax(syntax.clone());
         env.add_function("raise_exception", raise_exception);
         env.add_function(acyclic::GUARD, acyclic::acyclic);
