@@ -20,6 +20,8 @@ use minijinja::tests::is_sameas;
 use minijinja::value::{Rest, Value, ValueKind};
 use minijinja::{Error, ErrorKind};
 
+use super::bounded::container_key;
+
 /// The guard's name in templates.
 pub const GUARD: &str = "__flashlm_acyclic";
 
@@ -225,16 +227,6 @@ fn reaches(v: &Value, target: &Value, visits: &mut usize) -> Result<bool, Error>
         }
     }
     Ok(false)
-}
-
-/// The address of a list's or map's data: the identity of an immutable container (None for
-/// namespaces and other objects, which may change).
-fn container_key(x: &Value) -> Option<usize> {
-    if let Some(v) = x.downcast_object_ref::<Vec<Value>>() {
-        return Some(v as *const Vec<Value> as usize);
-    }
-    x.downcast_object_ref::<std::collections::BTreeMap<Value, Value>>()
-        .map(|m| m as *const _ as usize)
 }
 
 /// Items of a sequence or iterable; keys and values of a map (at most `MAX_VISITS + 1`).

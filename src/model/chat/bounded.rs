@@ -22,7 +22,7 @@
 //! The guards' names start with [`RESERVED_PREFIX`], which templates may not use (so a
 //! template cannot shadow them).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use minijinja::machinery::{CodeGenerator, Instruction, Instructions, Token, parse, tokenize};
 use minijinja::syntax::SyntaxConfig;
@@ -119,57 +119,148 @@ fn is_container(v: &Value) -> bool {
     )
 }
 
-/// The units a full walk of `v` costs (each item [`ITEM_UNITS`] plus `per_depth` for each
-/// level it is nested at, each byte of a string one), or `None` once it passes `budget`. The
-/// walk visits at most `budget / ITEM_UNITS` items, and keeps an explicit stack (values can
-/// nest hundreds of thousands deep).
-pub fn walk_units(v: &Value, budget: u64, per_depth: u64) -> Option<u64> {
-    let mut total = 0u64;
-    let add = |units: u64, total: &mut u64| -> Option<()> {
-        *total = total.saturating_add(units);
-        (*total <= budget).then_some(())
-    };
-    let leaf_units = |v: &Value| -> u64 {
-        match v.kind() {
-            ValueKind::String => v.as_str().map_or(0, |s| s.len() as u64),
-            ValueKind::Bytes => v.as_bytes().map_or(0, |b| b.len() as u64),
-            _ => 1,
-        }
-    };
-    if !is_container(v) {
-        return (leaf_units(v) <= budget).then(|| leaf_units(v));
+/// What a walk of one container found: every item at every level below it.
+#[derive(Clone, Copy, Default)]
+struct Summary {
+    /// [`ITEM_UNITS`] per item plus the bytes of the strings and one unit per other leaf.
+    units: u64,
+    items: u64,
+    /// The items' depths summed (the container's own items are at depth 1).
+    depth_sum: u64,
+}
+
+impl Summary {
+    /// Adds a container found as an item one level down.
+    fn add_child(&mut self, child: &Summary) {
+        self.units = self.units.saturating_add(child.units);
+        self.items = self.items.saturating_add(child.items);
+        self.depth_sum = self
+            .depth_sum
+            .saturating_add(child.depth_sum)
+            .saturating_add(child.items);
     }
-    // (container, its items; for a map, its keys)
-    let mut stack = Vec::new();
-    let iter = v.try_iter().ok()?;
-    stack.push((v.clone(), iter));
-    loop {
-        let depth = stack.len() as u64;
-        let Some((container, iter)) = stack.last_mut() else {
-            break;
-        };
-        let Some(item) = iter.next() else {
-            stack.pop();
-            continue;
-        };
-        add(
-            ITEM_UNITS.saturating_add(per_depth.saturating_mul(depth)),
-            &mut total,
-        )?;
-        let mut children = vec![item.clone()];
-        if container.kind() == ValueKind::Map {
-            children.push(container.get_item(&item).unwrap_or_default());
+    fn cost(&self, per_depth: u64) -> u64 {
+        self.units
+            .saturating_add(per_depth.saturating_mul(self.depth_sum))
+    }
+}
+
+fn leaf_units(v: &Value) -> u64 {
+    match v.kind() {
+        ValueKind::String => v.as_str().map_or(0, |s| s.len() as u64),
+        ValueKind::Bytes => v.as_bytes().map_or(0, |b| b.len() as u64),
+        _ => 1,
+    }
+}
+
+/// The address of a list's or map's data: the identity of an immutable container (None for
+/// namespaces, lazy iterables and other objects).
+pub(super) fn container_key(x: &Value) -> Option<usize> {
+    if let Some(v) = x.downcast_object_ref::<Vec<Value>>() {
+        return Some(v as *const Vec<Value> as usize);
+    }
+    x.downcast_object_ref::<BTreeMap<Value, Value>>()
+        .map(|m| m as *const _ as usize)
+}
+
+/// One container being walked.
+struct Frame {
+    container: Value,
+    key: Option<usize>,
+    items: minijinja::value::ValueIter,
+    /// Children of the current item still to walk (a map's value after its key).
+    pending: Vec<Value>,
+    found: Summary,
+}
+
+/// The units a full walk of `v` costs (each item [`ITEM_UNITS`] plus `per_depth` for each
+/// level it is nested at, each byte of a string one), or `None` once it passes `budget`.
+///
+/// Lists and maps are immutable, so one met again (a list holding another twice) is counted
+/// from what its first walk found instead of walked again: a value shared a billion times
+/// over costs its full size but takes one step per distinct container. A container whose
+/// length alone costs more than the budget fails without being walked (a list repeated
+/// lazily). Otherwise the walk takes at most `budget / ITEM_UNITS` steps, and keeps an
+/// explicit stack (values can nest hundreds of thousands deep).
+pub fn walk_units(v: &Value, budget: u64, per_depth: u64) -> Option<u64> {
+    if !is_container(v) {
+        let units = leaf_units(v);
+        return (units <= budget).then_some(units);
+    }
+    let mut steps = budget / ITEM_UNITS + 1;
+    let mut seen: HashMap<usize, Summary> = HashMap::new();
+    let open = |c: Value, key: Option<usize>| -> Option<Frame> {
+        // Each item costs at least ITEM_UNITS: a length past the budget needs no walk.
+        if c.len()
+            .is_some_and(|n| (n as u64).saturating_mul(ITEM_UNITS) > budget)
+        {
+            return None;
         }
-        for child in children {
-            if is_container(&child) {
-                let iter = child.try_iter().ok()?;
-                stack.push((child, iter));
-            } else {
-                add(leaf_units(&child), &mut total)?;
+        let items = c.try_iter().ok()?;
+        Some(Frame {
+            container: c,
+            key,
+            items,
+            pending: Vec::new(),
+            found: Summary::default(),
+        })
+    };
+    let mut stack = vec![open(v.clone(), container_key(v))?];
+    loop {
+        let top = stack.last_mut()?;
+        let child = match top.pending.pop() {
+            Some(child) => child,
+            None => match top.items.next() {
+                Some(item) => {
+                    steps = steps.checked_sub(1)?;
+                    top.found.units = top.found.units.saturating_add(ITEM_UNITS);
+                    top.found.items += 1;
+                    top.found.depth_sum += 1;
+                    if top.container.kind() == ValueKind::Map {
+                        top.pending
+                            .push(top.container.get_item(&item).unwrap_or_default());
+                    }
+                    item
+                }
+                None => {
+                    let done = stack.pop()?;
+                    if let Some(key) = done.key {
+                        seen.insert(key, done.found);
+                    }
+                    match stack.last_mut() {
+                        Some(parent) => {
+                            parent.found.add_child(&done.found);
+                            if parent.found.cost(per_depth) > budget {
+                                return None;
+                            }
+                            continue;
+                        }
+                        None => {
+                            let cost = done.found.cost(per_depth);
+                            return (cost <= budget).then_some(cost);
+                        }
+                    }
+                }
+            },
+        };
+        if !is_container(&child) {
+            top.found.units = top.found.units.saturating_add(leaf_units(&child));
+        } else {
+            let key = container_key(&child);
+            match key.and_then(|k| seen.get(&k)) {
+                Some(known) => top.found.add_child(known),
+                None => {
+                    let frame = open(child, key)?;
+                    stack.push(frame);
+                    continue;
+                }
             }
         }
+        let top = stack.last()?;
+        if top.found.cost(per_depth) > budget {
+            return None;
+        }
     }
-    Some(total)
 }
 
 /// Walks `v` (a string at the top only when `strings`), charging the walk; `OutOfFuel` when it
@@ -449,4 +540,33 @@ pub fn compile<'s>(
         .map(|(block, code)| (block, guard_instructions(&code, name, source)))
         .collect();
     Ok((root, blocks))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shared_container_costs_what_its_copies_cost() {
+        let inner = || Value::from(vec![Value::from(1), Value::from("ab")]);
+        let shared = inner();
+        let two_of_one = Value::from(vec![shared.clone(), shared]);
+        let two_copies = Value::from(vec![inner(), inner()]);
+        // 6 items (2 at depth 1, 4 at depth 2) of 32 units, leaves 1 + 2 twice.
+        for v in [&two_of_one, &two_copies] {
+            assert_eq!(walk_units(v, u64::MAX, 0), Some(6 * 32 + 6));
+            assert_eq!(
+                walk_units(v, u64::MAX, 8),
+                Some(6 * 32 + 6 + 8 * (2 + 4 * 2))
+            );
+            assert_eq!(walk_units(v, 6 * 32 + 5, 0), None);
+            assert_eq!(walk_units(v, 6 * 32 + 6, 0), Some(6 * 32 + 6));
+        }
+        // A map: each entry one item, its key and value leaves.
+        let map: BTreeMap<Value, Value> = [(Value::from("k"), Value::from("vvv"))].into();
+        assert_eq!(walk_units(&Value::from(map), u64::MAX, 0), Some(32 + 1 + 3));
+        // A string at the top is its bytes; a number one unit.
+        assert_eq!(walk_units(&Value::from("abcd"), u64::MAX, 0), Some(4));
+        assert_eq!(walk_units(&Value::from(7), 0, 0), None);
+    }
 }
