@@ -323,6 +323,9 @@ fn walks_over_cheaply_built_values_are_paid_for() {
         format!("{lazy}{{{{ big|tojson|length }}}}"),
         format!("{lazy}{{% set a, b = big %}}"),
         format!("{lazy}{{{{ 2 in big }}}}"),
+        // Indexing a string counts its characters: a long one indexed in a loop.
+        "{% set s = 'a' * 4000000 %}{% for i in range(100000) %}{{ s[-1] }}{% endfor %}"
+            .to_string(),
         format!(
             "{{{{ (['{}', 'b'] * 2415219 ~ 333)|length }}}}",
             "y".repeat(400)

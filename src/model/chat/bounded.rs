@@ -52,6 +52,11 @@ pub const GUARD_TEXT: &str = "__flashlm_measure_pair";
 /// time (see [`unfold_products`]).
 pub const FOLD_STOP: &str = "__flashlm_one";
 
+/// For an item lookup `[container, key]`: walks the key (it is hashed or compared) and pays
+/// for a string container's length (indexing a string counts its characters), hands both back
+/// reversed.
+pub const GUARD_INDEX: &str = "__flashlm_walk_index";
+
 /// minijinja's fuel resolution: one fuel buys this many units (one unit is one byte).
 const UNITS_PER_FUEL: u64 = 64;
 /// Units a walk pays for each item of a list or map it visits (minijinja's own item cost).
@@ -348,6 +353,15 @@ fn tojson(
     minijinja::filters::tojson(&value, indent, args)
 }
 
+/// [`GUARD_INDEX`].
+pub fn guard_index(state: &State, container: Value, key: Value) -> Result<Value, Error> {
+    walk(state, &key, false)?;
+    if let Some(s) = container.as_str() {
+        pay(state, s.len() as u64)?;
+    }
+    Ok(Value::from(vec![key, container]))
+}
+
 /// [`GUARD_TEXT`].
 pub fn guard_text(state: &State, a: Value, b: Value) -> Result<Value, Error> {
     measure(state, &a)?;
@@ -414,6 +428,7 @@ pub fn add_guards(env: &mut minijinja::Environment<'_>) {
     env.add_function(GUARD_ARGS, guard_args);
     env.add_function(GUARD_PAIR, guard_pair);
     env.add_function(GUARD_TEXT, guard_text);
+    env.add_function(GUARD_INDEX, guard_index);
 }
 
 /// Charges for the text of `value` before anything is built: a walk of it, whose
@@ -456,8 +471,7 @@ fn guard_for(instr: &Instruction<'_>) -> Option<(&'static str, u16)> {
         | Instruction::In
         | Instruction::CompareAndPreserve(_) => (GUARD_PAIR, 2),
         Instruction::StringConcat => (GUARD_TEXT, 2),
-        // [container, key]: the key is hashed or compared.
-        Instruction::GetItem => (GUARD_ONE, 1),
+        Instruction::GetItem => (GUARD_INDEX, 2),
         Instruction::UnpackList(_) => (GUARD_ONE, 1),
         Instruction::UnpackLists(n) => (GUARD_ARGS, u16::try_from(*n).ok()?),
         Instruction::BuildMap(n) => (GUARD_MANY, u16::try_from(n.checked_mul(2)?).ok()?),
