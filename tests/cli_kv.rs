@@ -278,6 +278,8 @@ fn numeric_flags_are_bounded() {
         vec!["--resident", "0-4000000000"],
         vec!["--io-chunk", "0"],
         vec!["--io-chunk", "2GiB"],
+        vec!["--head-chunk", "100"],
+        vec!["--head-chunk", "1TiB"],
     ] {
         let out = bin()
             .args(["run", "--prompt", "hi", "-m"])

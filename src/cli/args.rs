@@ -182,6 +182,10 @@ fn parse_ring_chunk(s: &str) -> Result<u64, String> {
     bounded_size(s, "--ring-chunk", 4096, 256 << 20)
 }
 
+fn parse_head_chunk(s: &str) -> Result<u64, String> {
+    bounded_size(s, "--head-chunk", 4096, 256 << 20)
+}
+
 fn parse_max_binding(s: &str) -> Result<u64, String> {
     bounded_size(s, "--max-binding", 1 << 20, 1 << 40)
 }
@@ -228,6 +232,10 @@ pub struct ModelArgs {
     /// this machine is calibrated, else 512KiB.
     #[arg(long, value_parser = parse_ring_chunk)]
     pub ring_chunk: Option<u64>,
+    /// Bytes per piece of the output head when it streams, e.g. 2MiB: each piece is one read
+    /// and one matrix dispatch (default 512KiB; two pieces are on the device at a time).
+    #[arg(long, value_parser = parse_head_chunk)]
+    pub head_chunk: Option<u64>,
     /// Streamed layers read ahead of the one computing. Default: the planner's choice when this
     /// machine is calibrated, else 1.
     #[arg(long, value_parser = parse_prefetch)]
