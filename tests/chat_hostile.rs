@@ -390,6 +390,63 @@ TrueTrue|TrueFalse|[1, [2, 'q']]|[1]z|hiuser|1-x|AB|TrueTrue|6abab[1, 1][1, 1]7.
     assert_eq!(out, want);
 }
 
+/// Control flow survives the guards (every jump target moves with the instructions put in
+/// front of it): loops with `loop.*`, `break`/`continue`, `else`, recursion, macros with
+/// `caller`, `filter` and `with` blocks, block sets, inline and chained `if`s, all
+/// rendered as plain minijinja renders them.
+#[test]
+fn control_flow_renders_as_plain_minijinja() {
+    let src = "{% macro row(m, i) %}[{{ i }}:{{ m.role }}={{ m.content|trim }}]{% endmacro %}\
+{% macro wrap() %}<{{ caller() }}>{% endmacro %}\
+{% for m in messages if m.role != 'system' %}{% if loop.index0 == 1 %}{% continue %}{% endif %}\
+{{ row(m, loop.index) }}{{ loop.cycle('a', 'b') }}{% if loop.last %}!{% elif m.role == 'user' %}?{% else %}.{% endif %}\
+{% if loop.index > 3 %}{% break %}{% endif %}{% else %}none{% endfor %}|\
+{% for x in [] %}{{ x }}{% else %}empty{% endfor %}|\
+{% call wrap() %}{{ messages|length }}{% endcall %}|\
+{% set ns = namespace(n=0, seen=[]) %}{% for m in messages %}{% if m.role == 'user' and m.content not in ns.seen %}\
+{% set ns.n = ns.n + 1 %}{% set ns.seen = ns.seen + [m.content] %}{% endif %}{% endfor %}{{ ns.n }}{{ ns.seen|join('/') }}|\
+{% for item in tree recursive %}({{ item.name }}{% if item.kids %}{{ loop(item.kids) }}{% endif %}){% endfor %}|\
+{% filter upper %}{{ 'shout' }}{% endfilter %}|{% with a = 3, b = [1, 2] %}{{ a in b }}{{ a * 2 }}{% endwith %}|\
+{% set block %}{% for i in range(3) %}{{ i }}{% endfor %}{% endset %}{{ block ~ block }}|\
+{{ 'yes' if messages[0].role == 'system' else 'no' }}{{ (1 if 2 > 1) }}{{ 2 is not eq 3 }}|\
+{% for m in messages[::-1] %}{{ m.content[:2] }}{% endfor %}|\
+{% for a, b in [[1, 2], [3, 4]] %}{{ a + b }}{% if not loop.last %},{% endif %}{% endfor %}|\
+{% for k, v in {'x': [1], 'y': [2, 3]}|dictsort %}{{ k }}{{ v|length }}{% endfor %}";
+    let conversation = [
+        ChatMessage::system(" sys "),
+        ChatMessage::user("one"),
+        ChatMessage::assistant("two"),
+        ChatMessage::user("one"),
+        ChatMessage::assistant("three"),
+        ChatMessage::user("four"),
+        ChatMessage::user("five"),
+    ];
+    let tree = "[{'name': 'r', 'kids': [{'name': 'a', 'kids': []}, {'name': 'b', 'kids': [{'name': 'c'}]}]}]";
+    let full = format!("{{% set tree = {tree} %}}{src}");
+    let t = ChatTemplate::new(full.as_str(), "<s>", "</s>").unwrap();
+    let out = t.render(&conversation, false).unwrap();
+    let mut plain = minijinja::Environment::new();
+    plain.set_syntax(
+        minijinja::syntax::SyntaxConfig::builder()
+            .trim_blocks(true)
+            .lstrip_blocks(true)
+            .build()
+            .unwrap(),
+    );
+    plain.add_template("t", &full).unwrap();
+    let messages: Vec<_> = conversation
+        .iter()
+        .map(|m| minijinja::context! { role => m.role.clone(), content => m.content.clone() })
+        .collect();
+    let want = plain
+        .get_template("t")
+        .unwrap()
+        .render(minijinja::context! { messages => messages })
+        .unwrap();
+    assert_eq!(out, want);
+    assert!(out.contains("(r(a)(b(c)))"), "{out}");
+}
+
 /// minijinja folds constant expressions while it compiles, without fuel: a list repeated
 /// lazily a hundred million times, then printed, joined with `~`, compared or searched, was all
 /// built or walked at compile time. Products are no longer folded, so these fail with a typed
