@@ -471,6 +471,22 @@ fn constant_expressions_are_not_folded_past_the_fuel() {
     }
 }
 
+/// A guard takes at most 65 535 operands: a map literal past that is refused, not left
+/// unguarded.
+#[test]
+fn oversized_map_literals_are_refused() {
+    // (Not constant, so not folded: the first key is a variable.)
+    let entries: Vec<String> = (0..40_000).map(|i| format!("{i}: 0")).collect();
+    let src = format!("{{% set x = -1 %}}{{{{ {{x: 0, {}}}|length }}}}", entries.join(", "));
+    assert!(matches!(
+        ChatTemplate::new(src.as_str(), "", ""),
+        Err(ChatError::Syntax(_))
+    ));
+    let entries: Vec<String> = (0..1000).map(|i| format!("{i}: 0")).collect();
+    let src = format!("{{% set x = -1 %}}{{{{ {{x: 0, {}}}|length }}}}", entries.join(", "));
+    assert_eq!(render(&src).unwrap(), "1001");
+}
+
 /// flashlm's own helpers cannot be named (and so shadowed) by a template.
 #[test]
 fn reserved_names_are_refused() {

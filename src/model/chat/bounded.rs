@@ -492,8 +492,20 @@ fn guard_instructions<'s>(
     code: &Instructions<'s>,
     name: &'s str,
     source: &'s str,
-) -> Instructions<'s> {
+) -> Result<Instructions<'s>, Error> {
     let old: Vec<&Instruction<'s>> = (0..).map_while(|i| code.get(i)).collect();
+    // A guard takes at most u16::MAX operands: a map literal or a splat past that would go
+    // unguarded, so it is refused (no chat template comes near).
+    if old.iter().any(|i| match i {
+        Instruction::BuildMap(n) => n.saturating_mul(2) > u16::MAX as usize,
+        Instruction::UnpackLists(n) => *n > u16::MAX as usize,
+        _ => false,
+    }) {
+        return Err(Error::new(
+            ErrorKind::SyntaxError,
+            format!("a map literal or call has more than {} parts", u16::MAX / 2),
+        ));
+    }
     // Where each old instruction (and the end) lands: its guard, when it has one, comes first.
     let mut moved = Vec::with_capacity(old.len() + 1);
     let mut at = 0u32;
@@ -532,7 +544,7 @@ fn guard_instructions<'s>(
             other => (*other).clone(),
         });
     }
-    out
+    Ok(out)
 }
 
 /// A compiled template with its guards: the root instructions and the blocks.
@@ -548,11 +560,11 @@ pub fn compile<'s>(
     let mut codegen = CodeGenerator::new(name, source);
     codegen.compile_stmt(&ast);
     let (root, blocks) = codegen.finish();
-    let root = guard_instructions(&root, name, source);
+    let root = guard_instructions(&root, name, source)?;
     let blocks = blocks
         .into_iter()
-        .map(|(block, code)| (block, guard_instructions(&code, name, source)))
-        .collect();
+        .map(|(block, code)| Ok((block, guard_instructions(&code, name, source)?)))
+        .collect::<Result<_, Error>>()?;
     Ok((root, blocks))
 }
 
