@@ -376,18 +376,30 @@ TrueTrue|TrueFalse|[1, [2, 'q']]|[1]z|hiuser|1-x|AB|TrueTrue|6abab[1, 1][1, 1]7.
 1233"
     );
     // The same as minijinja renders it without flashlm's guards.
+    let want = plain_render(src, &[ChatMessage::user("hi"), ChatMessage::user("again")]);
+    assert_eq!(out, want);
+}
+
+/// `src` rendered by minijinja itself, without flashlm's guards (the same syntax settings).
+fn plain_render(src: &str, conversation: &[ChatMessage]) -> String {
     let mut plain = minijinja::Environment::new();
+    plain.set_syntax(
+        minijinja::syntax::SyntaxConfig::builder()
+            .trim_blocks(true)
+            .lstrip_blocks(true)
+            .build()
+            .unwrap(),
+    );
     plain.add_template("t", src).unwrap();
-    let messages = vec![
-        minijinja::context! { role => "user", content => "hi" },
-        minijinja::context! { role => "user", content => "again" },
-    ];
-    let want = plain
+    let messages: Vec<_> = conversation
+        .iter()
+        .map(|m| minijinja::context! { role => m.role.clone(), content => m.content.clone() })
+        .collect();
+    plain
         .get_template("t")
         .unwrap()
         .render(minijinja::context! { messages => messages })
-        .unwrap();
-    assert_eq!(out, want);
+        .unwrap()
 }
 
 /// Control flow survives the guards (every jump target moves with the instructions put in
@@ -425,24 +437,7 @@ fn control_flow_renders_as_plain_minijinja() {
     let full = format!("{{% set tree = {tree} %}}{src}");
     let t = ChatTemplate::new(full.as_str(), "<s>", "</s>").unwrap();
     let out = t.render(&conversation, false).unwrap();
-    let mut plain = minijinja::Environment::new();
-    plain.set_syntax(
-        minijinja::syntax::SyntaxConfig::builder()
-            .trim_blocks(true)
-            .lstrip_blocks(true)
-            .build()
-            .unwrap(),
-    );
-    plain.add_template("t", &full).unwrap();
-    let messages: Vec<_> = conversation
-        .iter()
-        .map(|m| minijinja::context! { role => m.role.clone(), content => m.content.clone() })
-        .collect();
-    let want = plain
-        .get_template("t")
-        .unwrap()
-        .render(minijinja::context! { messages => messages })
-        .unwrap();
+    let want = plain_render(&full, &conversation);
     assert_eq!(out, want);
     assert!(out.contains("(r(a)(b(c)))"), "{out}");
 }
@@ -477,13 +472,19 @@ fn constant_expressions_are_not_folded_past_the_fuel() {
 fn oversized_map_literals_are_refused() {
     // (Not constant, so not folded: the first key is a variable.)
     let entries: Vec<String> = (0..40_000).map(|i| format!("{i}: 0")).collect();
-    let src = format!("{{% set x = -1 %}}{{{{ {{x: 0, {}}}|length }}}}", entries.join(", "));
+    let src = format!(
+        "{{% set x = -1 %}}{{{{ {{x: 0, {}}}|length }}}}",
+        entries.join(", ")
+    );
     assert!(matches!(
         ChatTemplate::new(src.as_str(), "", ""),
         Err(ChatError::Syntax(_))
     ));
     let entries: Vec<String> = (0..1000).map(|i| format!("{i}: 0")).collect();
-    let src = format!("{{% set x = -1 %}}{{{{ {{x: 0, {}}}|length }}}}", entries.join(", "));
+    let src = format!(
+        "{{% set x = -1 %}}{{{{ {{x: 0, {}}}|length }}}}",
+        entries.join(", ")
+    );
     assert_eq!(render(&src).unwrap(), "1001");
 }
 
