@@ -431,12 +431,12 @@ pub fn add_guards(env: &mut minijinja::Environment<'_>) {
     env.add_function(GUARD_INDEX, guard_index);
 }
 
-/// Charges for the text of `value` before anything is built: a walk of it, whose
-/// [`ITEM_UNITS`] per item cover the separators and the text of a number, and whose byte per
+/// Pays for a walk of `value` before its text is built or it is hashed: the walk's
+/// [`ITEM_UNITS`] per item cover the separators and the text of a number, and its byte per
 /// string byte covers a string's text up to its escapes (a control character prints as up to
 /// six). Strings and numbers at the top are not walked (their text is no larger than they
 /// are).
-fn measure(state: &State, value: &Value) -> Result<(), Error> {
+pub fn measure(state: &State, value: &Value) -> Result<(), Error> {
     walk(state, value, false)
 }
 
@@ -444,11 +444,6 @@ fn measure(state: &State, value: &Value) -> Result<(), Error> {
 pub fn text_of(state: &State, value: &Value) -> Result<String, Error> {
     measure(state, value)?;
     Ok(value.to_string())
-}
-
-/// Walks a value used as a key (hashed and compared), paying for the walk.
-pub fn walk_key(state: &State, value: &Value) -> Result<(), Error> {
-    walk(state, value, false)
 }
 
 /// The environment's formatter: a value other than a string or a number is walked and the walk

@@ -14,10 +14,7 @@ fn charge(state: &State, bytes: usize) -> Result<(), Error> {
 
 /// `raise_exception(message)`: templates call it to reject a conversation.
 pub(super) fn raise_exception(state: &State, message: Value) -> Result<Value, Error> {
-    let message = match message.as_str() {
-        Some(s) => s.to_string(),
-        None => bounded::text_of(state, &message)?,
-    };
+    let message = bounded::text_of(state, &message)?;
     Err(Error::new(
         ErrorKind::InvalidOperation,
         format!("template raised an exception: {message}"),
@@ -210,7 +207,7 @@ fn map_method(state: &State, map: &Value, method: &str, args: &[Value]) -> Resul
             let Some(key) = args.first() else {
                 return Err(wrong_args(method));
             };
-            bounded::walk_key(state, key)?;
+            bounded::measure(state, key)?;
             let v = map.get_item(key)?;
             if v.is_undefined() {
                 args.get(1).cloned().unwrap_or(Value::from(()))
