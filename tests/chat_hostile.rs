@@ -506,3 +506,75 @@ fn reserved_names_are_refused() {
     // `debug()` (which prints every value in reach without paying) is gone.
     assert!(matches!(render("{{ debug() }}"), Err(ChatError::Render(_))));
 }
+
+/// `+` of two sequences is lazy in minijinja until a chain of such sums is more than 32 deep,
+/// when it copies the whole chain into one list in one instruction: `a = a + a` thirty-four
+/// times asked for 6 GB at once and aborted the process. `+` now pays for the items it may
+/// copy (and two strings for their bytes), so doubling runs out of fuel, quickly.
+#[test]
+fn sums_that_double_run_out_of_fuel() {
+    for (start, n) in [
+        ("[0]", 34),
+        ("[0, 1]", 60),
+        ("'ab'", 60),
+        ("(range(3)|list)", 40),
+    ] {
+        let src = format!(
+            "{{% set a = {start} %}}{}{{{{ a|length }}}}",
+            "{% set a = a + a %}".repeat(n)
+        );
+        out_of_fuel(&src);
+    }
+    out_of_fuel(
+        "{% set ns = namespace(x=[1]) %}{% for i in range(64) %}{% set ns.x = ns.x + ns.x %}{% endfor %}",
+    );
+}
+
+/// The fuzzer's input that took 16 s: lists of lazy sums nested a thousand deep, assigned into
+/// a namespace again and again. The namespace guard compared each lazy sum with all those met
+/// before (they have no address to look up), the cube of the chain's length in all; the
+/// comparisons now count against its visit budget, so this ends typed, quickly.
+#[test]
+fn chains_of_lazy_sums_assigned_into_namespaces_end_quickly() {
+    let (t, messages, gen_prompt) = fuzz_fixture("fuzz-namespace-chains.bin");
+    let t = t.unwrap();
+    let start = Instant::now();
+    let r = t.render_here(&messages, gen_prompt);
+    assert!(r.is_err(), "{:?}", r.map(|s| s.len()));
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
+    let src = "{% set ns = namespace(x=[1]) %}{% for i in range(1681) %}{% set ns.x = [ns.x + ns.x] %}{% endfor %}";
+    let start = Instant::now();
+    assert!(render(src).is_err());
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+/// `+` gives what it always gave: numbers, strings, lists, tuples, lists grown message by
+/// message in a namespace over a long conversation, and sums of lazy sums.
+#[test]
+fn sums_keep_their_meaning() {
+    let src = "{{ 1 + 2 }}{{ 1.5 + 2 }}{{ 'a' + 'b' }}{{ [1] + [2, 3] }}{{ (1,) + (2,) }}|\
+{% set ns = namespace(all=[], text='') %}{% for m in messages %}{% set ns.all = ns.all + [m.content] %}\
+{% set ns.text = ns.text + m.role[0] %}{% endfor %}{{ ns.all|length }} {{ ns.all[-1] }} {{ ns.text|length }}|\
+{% set a = [1] + [2] %}{% set b = a + a %}{{ (b + b)|list }}{{ (b + [])|length }}";
+    let conversation: Vec<ChatMessage> = (0..400)
+        .map(|i| {
+            if i % 2 == 0 {
+                ChatMessage::user(format!("question {i}"))
+            } else {
+                ChatMessage::assistant(format!("answer {i}"))
+            }
+        })
+        .collect();
+    let t = ChatTemplate::new(src, "<s>", "</s>").unwrap();
+    let out = t.render(&conversation, false).unwrap();
+    assert_eq!(out, plain_render(src, &conversation));
+    assert!(out.contains("|400 answer 399 400|"), "{out}");
+}

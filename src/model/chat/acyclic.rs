@@ -190,8 +190,17 @@ fn reaches(v: &Value, target: &Value, visits: &mut usize) -> Result<bool, Error>
         if key.is_some_and(|k| SAFE.with(|s| s.borrow().contains_key(&k))) {
             continue;
         }
-        if key.is_none() && seen.iter().any(|s| is_sameas(s, &x)) {
-            continue;
+        if key.is_none() {
+            // Lazy sequences and other objects have no address to look up: each comparison
+            // with the ones met before counts as a visit (else a chain of them assigned again
+            // and again costs the cube of its length).
+            *visits = visits.saturating_add(seen.len());
+            if *visits > MAX_VISITS {
+                return Err(too_many_parts());
+            }
+            if seen.iter().any(|s| is_sameas(s, &x)) {
+                continue;
+            }
         }
         // The children; a list or map whose children are all plain values or lists and maps
         // already known to hold no namespace holds none either, for good (it cannot change).
@@ -199,10 +208,7 @@ fn reaches(v: &Value, target: &Value, visits: &mut usize) -> Result<bool, Error>
         for c in children(&x) {
             *visits += 1;
             if *visits > MAX_VISITS {
-                return Err(Error::new(
-                    ErrorKind::InvalidOperation,
-                    format!("values of more than {MAX_VISITS} parts assigned into namespaces"),
-                ));
+                return Err(too_many_parts());
             }
             let leaf = !matches!(
                 c.kind(),
@@ -227,6 +233,13 @@ fn reaches(v: &Value, target: &Value, visits: &mut usize) -> Result<bool, Error>
         }
     }
     Ok(false)
+}
+
+fn too_many_parts() -> Error {
+    Error::new(
+        ErrorKind::InvalidOperation,
+        format!("values of more than {MAX_VISITS} parts assigned into namespaces"),
+    )
 }
 
 /// Items of a sequence or iterable; keys and values of a map (at most `MAX_VISITS + 1`).

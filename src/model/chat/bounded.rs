@@ -14,7 +14,10 @@
 //!   comparisons, `in`, item lookups, map literals, unpacking, filters and tests other than
 //!   a few that look at a value's surface only). The guard walks each operand once, at most as
 //!   far as the remaining fuel could pay for, charges the walk, and hands the operands back
-//!   unchanged; a walk that would cost more than the fuel left fails with `OutOfFuel`.
+//!   unchanged; a walk that would cost more than the fuel left fails with `OutOfFuel`. `+`
+//!   pays for what it may copy: minijinja concatenates sequences lazily, but copies a chain of
+//!   more than 32 such sums into one list in one step (`a = a + a` forty times asked for
+//!   hundreds of gigabytes at once).
 //! - [`formatter`] does the same for everything printed or joined with `~`: a value other
 //!   than a string or a number is formatted once into a counter that stops at the remaining
 //!   fuel, before it is formatted for real.
@@ -24,7 +27,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use minijinja::machinery::{CodeGenerator, Instruction, Instructions, Token, parse, tokenize};
+use minijinja::machinery::{CodeGenerator, Instruction, Instructions, parse};
 use minijinja::syntax::SyntaxConfig;
 use minijinja::value::{Kwargs, Rest, Value, ValueKind};
 use minijinja::{Error, ErrorKind, Output, State};
@@ -48,14 +51,15 @@ pub const GUARD_PAIR: &str = "__flashlm_walk_pair";
 /// reversed: for `~`.
 pub const GUARD_TEXT: &str = "__flashlm_measure_pair";
 
-/// Returns 1: put between the operands of every `*` so that no product is folded at compile
-/// time (see [`unfold_products`]).
-pub const FOLD_STOP: &str = "__flashlm_one";
-
 /// For an item lookup `[container, key]`: walks the key (it is hashed or compared) and pays
 /// for a string container's length (indexing a string counts its characters), hands both back
 /// reversed.
 pub const GUARD_INDEX: &str = "__flashlm_walk_index";
+
+/// For `+`: pays for what the sum builds (two sequences: an item each, as minijinja copies
+/// them once a chain of lazy concatenations grows deep; two strings: their bytes), hands both
+/// back reversed.
+pub const GUARD_ADD: &str = "__flashlm_add_pair";
 
 /// minijinja's fuel resolution: one fuel buys this many units (one unit is one byte).
 const UNITS_PER_FUEL: u64 = 64;
@@ -369,59 +373,38 @@ pub fn guard_text(state: &State, a: Value, b: Value) -> Result<Value, Error> {
     Ok(Value::from(vec![b, a]))
 }
 
-/// The source with every binary `*` made into `* __flashlm_one() *`, which computes the same
-/// product (times one) but is no longer a constant expression.
-///
-/// minijinja folds constant expressions while it compiles, without fuel: `[x] * 2415219` folds
-/// into a lazily repeated list (it costs nothing), and `~`, `==` or `in` applied to that
-/// constant then build or walk all of it at compile time, before any guard runs (2 GB and
-/// several seconds for one `~`). A repeated list is the one constant that can be far larger
-/// than its source, and only `*` makes it. A `*` counts as binary when it follows the end of
-/// an operand (a name, a literal, a closing bracket); a splat (`f(*args)`) follows `(` or `,`.
-/// The scan uses minijinja's own lexer; a source that does not lex is left as it is.
-pub fn unfold_products(source: &str, syntax: SyntaxConfig) -> String {
-    let mut out = String::with_capacity(source.len());
-    let mut at = 0;
-    let mut prev: Option<Token<'_>> = None;
-    for t in tokenize(source, false, syntax) {
-        let Ok((tok, span)) = t else {
-            return source.to_string();
-        };
-        let operand_ended = matches!(
-            prev,
-            Some(
-                Token::Ident(_)
-                    | Token::Str(_)
-                    | Token::String(_)
-                    | Token::Int(_)
-                    | Token::Int128(_)
-                    | Token::Float(_)
-                    | Token::ParenClose
-                    | Token::BracketClose
-                    | Token::BraceClose
-            )
-        );
-        if matches!(tok, Token::Mul) && operand_ended {
-            let end = span.end_offset as usize;
-            let Some(piece) = source.get(at..end) else {
-                return source.to_string();
-            };
-            out.push_str(piece);
-            out.push_str(&format!(" {FOLD_STOP}() *"));
-            at = end;
+/// [`GUARD_ADD`].
+pub fn guard_add(state: &State, a: Value, b: Value) -> Result<Value, Error> {
+    let seq = |v: &Value| matches!(v.kind(), ValueKind::Seq | ValueKind::Iterable);
+    if seq(&a) && seq(&b) {
+        let items = items_within(&a, state)?.saturating_add(items_within(&b, state)?);
+        pay(state, items.saturating_mul(ITEM_UNITS))?;
+    } else if let (Some(x), Some(y)) = (a.as_str(), b.as_str()) {
+        pay(state, (x.len() as u64).saturating_add(y.len() as u64))?;
+    }
+    Ok(Value::from(vec![b, a]))
+}
+
+/// The items of a sequence: its length, or for one without a length, its items counted as far
+/// as the fuel left could pay for them.
+fn items_within(v: &Value, state: &State) -> Result<u64, Error> {
+    if let Some(n) = v.len() {
+        return Ok(n as u64);
+    }
+    let most = units_left(state) / ITEM_UNITS;
+    let mut n = 0u64;
+    for _ in v.try_iter()? {
+        n += 1;
+        if n > most {
+            return Err(out_of_fuel());
         }
-        prev = Some(tok);
     }
-    match source.get(at..) {
-        Some(rest) => out.push_str(rest),
-        None => return source.to_string(),
-    }
-    out
+    Ok(n)
 }
 
 /// Adds the guard functions (and the paid-for `tojson`) to an environment.
 pub fn add_guards(env: &mut minijinja::Environment<'_>) {
-    env.add_function(FOLD_STOP, || 1u32);
+    env.add_function(super::unfold::FOLD_STOP, || 1u32);
     env.add_filter("tojson", tojson);
     env.add_function(GUARD_ONE, guard_one);
     env.add_function(GUARD_MANY, guard_many);
@@ -429,6 +412,7 @@ pub fn add_guards(env: &mut minijinja::Environment<'_>) {
     env.add_function(GUARD_PAIR, guard_pair);
     env.add_function(GUARD_TEXT, guard_text);
     env.add_function(GUARD_INDEX, guard_index);
+    env.add_function(GUARD_ADD, guard_add);
 }
 
 /// Pays for a walk of `value` before its text is built or it is hashed: the walk's
@@ -466,6 +450,7 @@ fn guard_for(instr: &Instruction<'_>) -> Option<(&'static str, u16)> {
         | Instruction::In
         | Instruction::CompareAndPreserve(_) => (GUARD_PAIR, 2),
         Instruction::StringConcat => (GUARD_TEXT, 2),
+        Instruction::Add => (GUARD_ADD, 2),
         Instruction::GetItem => (GUARD_INDEX, 2),
         Instruction::UnpackList(_) => (GUARD_ONE, 1),
         Instruction::UnpackLists(n) => (GUARD_ARGS, u16::try_from(*n).ok()?),

@@ -42,6 +42,7 @@ mod acyclic;
 mod bounded;
 mod methods;
 pub mod sandbox;
+mod unfold;
 
 use methods::{python_method, raise_exception};
 pub use sandbox::Sandbox;
@@ -217,7 +218,7 @@ impl ChatTemplate {
             .lstrip_blocks(true)
             .build()
             .map_err(ChatError::Syntax)?;
-        let unfolded = bounded::unfold_products(&source, syntax.clone());
+        let unfolded = unfold::unfold_products(&source, syntax.clone());
         let guarded = acyclic::guard_assignments(&unfolded, syntax.clone());
         env.set_syntax(syntax.clone());
         env.add_function("raise_exception", raise_exception);
