@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Regenerate every table in BENCHMARKS.md. Each benchmark prints markdown into bench-out/NAME.md
 # (and JSON/SVG beside it); BENCHMARKS.md is then assembled from scripts/BENCHMARKS.md.in, whose
-# `@@TABLE NAME@@` lines are replaced by bench-out/NAME.md. No figure is typed by hand.
+# `@@TABLE NAME@@` lines are replaced by bench-out/NAME.md. No figure is typed by hand. bench-out/
+# is kept in git, so that a run of some benchmarks on a new machine keeps the others' last tables.
 #   scripts/bench.sh                 # every benchmark (about an hour on a 2-core VM)
 #   scripts/bench.sh kv stream       # only these, reusing the other tables' last output
 #   scripts/bench.sh summary         # the predicted-vs-measured table from bench-out/*.json
+#   scripts/bench.sh assemble        # only BENCHMARKS.md again, from bench-out/*.md as they are
 # `calibrate` (first in the full list) measures this machine's constants for the predictions.
 # When it is in the list, it runs again before each later benchmark that predicts (resident,
 # stream, kv, s3), so that each prediction uses constants measured minutes before it (the shared
@@ -40,6 +42,7 @@ print(f'| {sys.argv[1]} | {best:.3f} | {c.get("compute_scale", 1):.2f} | {beta} 
 PY
 }
 for w in "${want[@]}"; do
+  [ "$w" = assemble ] && continue
   if [ "$calibrated" = 1 ] && [[ "$w" =~ ^(resident|stream|kv|s3)$ ]]; then
     echo "## calibrate again before $w" >&2
     $B calibrate > /dev/null

@@ -231,17 +231,20 @@ pub struct StreamReport {
     pub backend: String,
     pub raw_cold_read_gb_s: f64,
     pub eviction_verified: bool,
+    /// Rounds run: each ran every scenario once, in turn.
+    pub rounds: usize,
     pub rows: Vec<StreamRow>,
 }
 
 impl StreamReport {
     pub fn to_markdown(&self) -> String {
         let mut s = format!(
-            "adapter {} ({}); raw cold read {:.2} GB/s, median over the runs (page-cache eviction {})\n\n\
+            "adapter {} ({}); {} rounds, each running every scenario once in turn; raw cold read {:.2} GB/s, median over the runs (page-cache eviction {})\n\n\
              | scenario | budget | I/O | placement | ms/token (median) | vs resident | flash bytes/token | overlap eff. | GPU idle | ring GB/s | ring / raw cold (same run) | peak device bytes |\n\
              |---|---|---|---|---|---|---|---|---|---|---|---|\n",
             self.adapter,
             self.backend,
+            self.rounds,
             self.raw_cold_read_gb_s,
             if self.eviction_verified {
                 "verified"
@@ -344,6 +347,74 @@ pub struct Scenario {
     pub io: crate::flash::IoMode,
 }
 
+/// One run of one streaming scenario: load the engine with a cold page cache, prefill the
+/// prompt and decode `n_gen` greedy tokens. `raw` is the raw cold read measured beside it.
+fn stream_run(
+    model: &crate::model::LoadedModel,
+    base: &EngineOptions,
+    sc: &Scenario,
+    prompt: &[u32],
+    n_gen: usize,
+    cal: Option<&crate::plan::perf::Calibration>,
+    raw: f64,
+) -> Result<(RunFigures, String, String), Box<dyn std::error::Error>> {
+    use crate::flash::source::FlashSource;
+    use crate::flash::{FlashFile, ReaderOptions};
+    let mut opts = base.clone();
+    opts.gpu.budget = sc.budget;
+    opts.ctx = Some(prompt.len() + n_gen);
+    let file = FlashFile::open(
+        &model.path,
+        ReaderOptions {
+            mode: sc.io,
+            ..Default::default()
+        },
+    )?;
+    model.gguf.release_pages();
+    let ev = crate::flash::evict_page_cache(&model.path)?;
+    let mut engine = Engine::with_source(
+        model.gguf.clone(),
+        std::sync::Arc::new(FlashSource::new(file, 0)),
+        &opts,
+    )?;
+    // Loading read the resident weights; evict again so decoding starts cold.
+    model.gguf.release_pages();
+    let ev2 = crate::flash::evict_page_cache(&model.path)?;
+    let mut sampler = Sampler::new(SamplerParams {
+        temperature: 0.0,
+        ..Default::default()
+    });
+    let (_, s) = engine.generate(prompt, n_gen, &mut sampler, |_| false, |_| true)?;
+    let mut ms = s.token_ms.clone();
+    let med = median(&mut ms);
+    let pred = cal.map(|c| {
+        let (p, ttft) = engine.predict(c, 0, prompt.len(), s.selection_reuse);
+        (p.ms_per_token, ttft)
+    });
+    eprintln!(
+        "{}: {:.1} ms/token{}, {}",
+        sc.name,
+        med,
+        pred.map(|p| format!(" (predicted {:.1})", p.0))
+            .unwrap_or_default(),
+        engine.placement
+    );
+    let figures = (
+        med,
+        s,
+        ev.effective() && ev2.effective(),
+        engine.placement.to_string(),
+        engine.placement.budget,
+        raw,
+        pred,
+    );
+    Ok((
+        figures,
+        engine.ctx.info.name.clone(),
+        engine.ctx.backend_name(),
+    ))
+}
+
 /// Run the scenarios over the same prompt: each loads the engine with a cold page cache,
 /// prefills `prompt_tokens` and decodes `n_gen` greedy tokens.
 pub fn stream(
@@ -354,8 +425,6 @@ pub fn stream(
     n_gen: usize,
     runs: usize,
 ) -> Result<StreamReport, Box<dyn std::error::Error>> {
-    use crate::flash::source::FlashSource;
-    use crate::flash::{FlashFile, ReaderOptions};
     let mut raws = Vec::new();
     let mut verified = true;
     let mut prompt = model.tokenizer.encode(BENCH_TEXT, false);
@@ -369,65 +438,23 @@ pub fn stream(
     let mut backend = String::new();
     let mut resident_ms = None;
     let cal = crate::plan::perf::Calibration::load(&crate::plan::perf::Calibration::path()).ok();
-    for sc in scenarios {
-        let mut opts = base.clone();
-        opts.gpu.budget = sc.budget;
-        opts.ctx = Some(prompt_tokens + n_gen);
-        let mut per_run: Vec<RunFigures> = Vec::new();
-        for _ in 0..runs.max(1) {
+    // Rounds run the scenarios in turn (round 1: A, B, C; round 2: A, B, C...), so that a slow
+    // spell of a shared machine falls on every scenario instead of on one scenario's runs.
+    let mut per_sc: Vec<Vec<RunFigures>> = scenarios.iter().map(|_| Vec::new()).collect();
+    for _ in 0..runs.max(1) {
+        for (sc, per_run) in scenarios.iter().zip(per_sc.iter_mut()) {
             // The disk's rate moves between runs: a raw cold read beside every run.
             model.gguf.release_pages();
             let (r, v) = raw_cold_read(&model.path)?;
             raws.push(r);
             verified &= v;
-            let file = FlashFile::open(
-                &model.path,
-                ReaderOptions {
-                    mode: sc.io,
-                    ..Default::default()
-                },
-            )?;
-            model.gguf.release_pages();
-            let ev = crate::flash::evict_page_cache(&model.path)?;
-            let mut engine = Engine::with_source(
-                model.gguf.clone(),
-                std::sync::Arc::new(FlashSource::new(file, 0)),
-                &opts,
-            )?;
-            // Loading read the resident weights; evict again so decoding starts cold.
-            model.gguf.release_pages();
-            let ev2 = crate::flash::evict_page_cache(&model.path)?;
-            let mut sampler = Sampler::new(SamplerParams {
-                temperature: 0.0,
-                ..Default::default()
-            });
-            let (_, s) = engine.generate(&prompt, n_gen, &mut sampler, |_| false, |_| true)?;
-            let mut ms = s.token_ms.clone();
-            let med = median(&mut ms);
-            let pred = cal.as_ref().map(|c| {
-                let (p, ttft) = engine.predict(c, 0, prompt.len(), s.selection_reuse);
-                (p.ms_per_token, ttft)
-            });
-            eprintln!(
-                "{}: {:.1} ms/token{}, {}",
-                sc.name,
-                med,
-                pred.map(|p| format!(" (predicted {:.1})", p.0))
-                    .unwrap_or_default(),
-                engine.placement
-            );
-            adapter = engine.ctx.info.name.clone();
-            backend = engine.ctx.backend_name();
-            per_run.push((
-                med,
-                s,
-                ev.effective() && ev2.effective(),
-                engine.placement.to_string(),
-                engine.placement.budget,
-                r,
-                pred,
-            ));
+            let (figures, a, b) = stream_run(model, base, sc, &prompt, n_gen, cal.as_ref(), r)?;
+            adapter = a;
+            backend = b;
+            per_run.push(figures);
         }
+    }
+    for (sc, per_run) in scenarios.iter().zip(per_sc) {
         let m = |f: &dyn Fn(&RunFigures) -> f64| {
             let mut v: Vec<f64> = per_run.iter().map(f).collect();
             median(&mut v)
@@ -473,6 +500,7 @@ pub fn stream(
         backend,
         raw_cold_read_gb_s: raw,
         eviction_verified: verified,
+        rounds: runs.max(1),
         rows,
     })
 }

@@ -1,0 +1,67 @@
+//! `bench stream` on a tiny synthetic model: the runs go in rounds over the scenarios, every
+//! scenario gets a row with as many runs as rounds, the all-resident row is the reference of
+//! "vs resident", and the streamed scenario really streams.
+mod common;
+
+use std::path::PathBuf;
+
+use flashlm::bench::{Scenario, stream};
+use flashlm::engine::EngineOptions;
+use flashlm::flash::IoMode;
+use flashlm::gguf::GgmlType;
+use flashlm::model::load_model;
+use flashlm::model::synthetic::{SyntheticSpec, write_synthetic_file};
+
+#[test]
+fn stream_bench_runs_every_scenario_in_each_round() {
+    if common::gpu().is_none() {
+        return;
+    }
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("bench-stream-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("tiny.gguf");
+    // Four layers of about 4 MB: a 12 MiB budget holds some of them, not all.
+    let spec = SyntheticSpec {
+        n_layers: 4,
+        n_embd: 512,
+        n_ff: 2048,
+        ..SyntheticSpec::tiny(GgmlType::Q8_0)
+    };
+    write_synthetic_file(&spec, 5, 1, &path, &mut |_, _| {}).unwrap();
+    let m = load_model(&path).unwrap();
+    let scenarios = vec![
+        Scenario {
+            name: "all resident".into(),
+            budget: None,
+            io: IoMode::Mmap,
+        },
+        Scenario {
+            name: "small".into(),
+            budget: Some(12 << 20),
+            io: IoMode::Mmap,
+        },
+    ];
+    let report = stream(&m, &EngineOptions::default(), &scenarios, 8, 4, 2).unwrap();
+    let md = report.to_markdown();
+    eprintln!("{md}");
+    assert_eq!(report.rounds, 2);
+    assert!(
+        md.contains("2 rounds, each running every scenario once in turn"),
+        "{md}"
+    );
+    let names: Vec<&str> = report.rows.iter().map(|r| r.scenario.as_str()).collect();
+    assert_eq!(names, ["all resident", "small"]);
+    assert_eq!(report.rows[0].ms_per_token_vs_resident, 1.0);
+    let small = &report.rows[1];
+    assert!(small.flash_bytes_per_token > 0.0, "{}", small.placement);
+    assert!(
+        small.peak_device_bytes <= 12 << 20,
+        "{}",
+        small.peak_device_bytes
+    );
+    for r in &report.rows {
+        assert_eq!(r.generated_tokens, 4);
+        assert!(r.ms_per_token > 0.0);
+    }
+}
