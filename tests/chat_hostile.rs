@@ -141,15 +141,7 @@ fn real_conversations_stay_within_budget() {
     let out = t.render(&[ChatMessage::user(big.clone())], true).unwrap();
     assert!(out.contains(&big));
     // A long conversation.
-    let turns: Vec<ChatMessage> = (0..2000)
-        .map(|i| {
-            if i % 2 == 0 {
-                ChatMessage::user(format!("question {i}"))
-            } else {
-                ChatMessage::assistant(format!("answer {i}"))
-            }
-        })
-        .collect();
+    let turns = conversation_of(2000);
     let out = t.render(&turns, true).unwrap();
     assert!(out.contains("answer 1999"));
     // Fuel is per render: an exhausted render does not starve the next one.
@@ -267,16 +259,17 @@ fn the_fuzzer_input_that_timed_out_ends_in_a_typed_error() {
     // `['a','b'] * 2415219 ~ 333`: a list repeated to millions of items in one instruction,
     // then printed; fuel does not bound that single step (4.2 s in process on the 2-core VM;
     // `chat` and `serve` render in the sandbox, which has a deadline). It must end, typed.
-    let (t, messages, gen_prompt) = fuzz_fixture("fuzz-slow-repeat.bin");
+    fixture_fails_within("fuzz-slow-repeat.bin", Duration::from_secs(120));
+}
+
+/// The fuzz fixture `name` compiles, and its render fails within `bound`.
+fn fixture_fails_within(name: &str, bound: Duration) {
+    let (t, messages, gen_prompt) = fuzz_fixture(name);
     let t = t.unwrap();
     let start = Instant::now();
     let r = t.render_here(&messages, gen_prompt);
     assert!(r.is_err(), "{:?}", r.map(|s| s.len()));
-    assert!(
-        start.elapsed() < Duration::from_secs(120),
-        "{:?}",
-        start.elapsed()
-    );
+    assert!(start.elapsed() < bound, "{:?}", start.elapsed());
 }
 
 /// Values far larger than they cost to build (a list holding another twice, doubled forty
@@ -536,16 +529,7 @@ fn sums_that_double_run_out_of_fuel() {
 /// comparisons now count against its visit budget, so this ends typed, quickly.
 #[test]
 fn chains_of_lazy_sums_assigned_into_namespaces_end_quickly() {
-    let (t, messages, gen_prompt) = fuzz_fixture("fuzz-namespace-chains.bin");
-    let t = t.unwrap();
-    let start = Instant::now();
-    let r = t.render_here(&messages, gen_prompt);
-    assert!(r.is_err(), "{:?}", r.map(|s| s.len()));
-    assert!(
-        start.elapsed() < Duration::from_secs(5),
-        "{:?}",
-        start.elapsed()
-    );
+    fixture_fails_within("fuzz-namespace-chains.bin", Duration::from_secs(5));
     let src = "{% set ns = namespace(x=[1]) %}{% for i in range(1681) %}{% set ns.x = [ns.x + ns.x] %}{% endfor %}";
     let start = Instant::now();
     assert!(render(src).is_err());
@@ -564,7 +548,16 @@ fn sums_keep_their_meaning() {
 {% set ns = namespace(all=[], text='') %}{% for m in messages %}{% set ns.all = ns.all + [m.content] %}\
 {% set ns.text = ns.text + m.role[0] %}{% endfor %}{{ ns.all|length }} {{ ns.all[-1] }} {{ ns.text|length }}|\
 {% set a = [1] + [2] %}{% set b = a + a %}{{ (b + b)|list }}{{ (b + [])|length }}";
-    let conversation: Vec<ChatMessage> = (0..400)
+    let conversation = conversation_of(400);
+    let t = ChatTemplate::new(src, "<s>", "</s>").unwrap();
+    let out = t.render(&conversation, false).unwrap();
+    assert_eq!(out, plain_render(src, &conversation));
+    assert!(out.contains("|400 answer 399 400|"), "{out}");
+}
+
+/// `n` messages, questions and answers in turn.
+fn conversation_of(n: usize) -> Vec<ChatMessage> {
+    (0..n)
         .map(|i| {
             if i % 2 == 0 {
                 ChatMessage::user(format!("question {i}"))
@@ -572,9 +565,5 @@ fn sums_keep_their_meaning() {
                 ChatMessage::assistant(format!("answer {i}"))
             }
         })
-        .collect();
-    let t = ChatTemplate::new(src, "<s>", "</s>").unwrap();
-    let out = t.render(&conversation, false).unwrap();
-    assert_eq!(out, plain_render(src, &conversation));
-    assert!(out.contains("|400 answer 399 400|"), "{out}");
+        .collect()
 }
