@@ -4,8 +4,6 @@
 //! lookup drafting's output equals plain decoding. A report with a difference says NOT EQUAL.
 mod common;
 
-use std::path::PathBuf;
-
 use flashlm::bench::batch::{BatchBenchOptions, run};
 use flashlm::engine::draft::DraftConfig;
 use flashlm::engine::{EngineOptions, ResidentSpec};
@@ -19,9 +17,7 @@ fn batch_bench_checks_outputs_and_bytes_fall_with_two_sequences() {
     if common::gpu().is_none() {
         return;
     }
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("bench-batch-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = common::scratch("bench-batch");
     let path = dir.join("tiny.gguf");
     let spec = SyntheticSpec::tiny(GgmlType::Q8_0);
     write_synthetic_file(&spec, 11, 1, &path, &mut |_, _| {}).unwrap();

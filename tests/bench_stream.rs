@@ -3,8 +3,6 @@
 //! "vs resident", and the streamed scenario really streams.
 mod common;
 
-use std::path::PathBuf;
-
 use flashlm::bench::{Scenario, stream};
 use flashlm::engine::EngineOptions;
 use flashlm::flash::IoMode;
@@ -17,9 +15,7 @@ fn stream_bench_runs_every_scenario_in_each_round() {
     if common::gpu().is_none() {
         return;
     }
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("bench-stream-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = common::scratch("bench-stream");
     let path = dir.join("tiny.gguf");
     // Four layers of about 4 MB: a 12 MiB budget holds some of them, not all.
     let spec = SyntheticSpec {
@@ -64,4 +60,5 @@ fn stream_bench_runs_every_scenario_in_each_round() {
         assert_eq!(r.generated_tokens, 4);
         assert!(r.ms_per_token > 0.0);
     }
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -16,8 +16,8 @@
 //!   far as the remaining fuel could pay for, charges the walk, and hands the operands back
 //!   unchanged; a walk that would cost more than the fuel left fails with `OutOfFuel`. `+`
 //!   pays for what it may copy: minijinja concatenates sequences lazily, but copies a chain of
-//!   more than 32 such sums into one list in one step (`a = a + a` forty times asked for
-//!   hundreds of gigabytes at once).
+//!   more than 32 such sums into one list in one step (`a = a + a` 34 times asked for 6 GB
+//!   at once).
 //! - [`formatter`] does the same for everything printed or joined with `~`: a value other
 //!   than a string or a number is formatted once into a counter that stops at the remaining
 //!   fuel, before it is formatted for real.
