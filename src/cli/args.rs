@@ -81,7 +81,7 @@ pub enum Command {
     /// Evaluations.
     Eval(EvalArgs),
     /// Benchmarks.
-    Bench(BenchArgs),
+    Bench(super::bench_args::BenchArgs),
     /// Write a llama GGUF of any shape with seeded random weights (streamed to disk).
     Synth(super::synth::SynthArgs),
     /// An OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, /v1/models,
@@ -101,8 +101,8 @@ fn bounded(s: &str, what: &str, lo: u64, hi: u64) -> Result<u64, String> {
 }
 
 macro_rules! bounded_parser {
-    ($name:ident, $ty:ty, $what:expr, $lo:expr, $hi:expr) => {
-        fn $name(s: &str) -> Result<$ty, String> {
+    ($vis:vis $name:ident, $ty:ty, $what:expr, $lo:expr, $hi:expr) => {
+        $vis fn $name(s: &str) -> Result<$ty, String> {
             bounded(s, $what, $lo, $hi).map(|v| v as $ty)
         }
     };
@@ -111,26 +111,18 @@ macro_rules! bounded_parser {
 bounded_parser!(parse_ctx, usize, "--ctx", 1, 1 << 22);
 bounded_parser!(parse_io_threads, usize, "--io-threads", 1, 256);
 bounded_parser!(parse_prefetch, usize, "--prefetch", 0, 64);
-bounded_parser!(parse_kv_page, u32, "--kv-page", 1, 1024);
+bounded_parser!(pub(super) parse_kv_page, u32, "--kv-page", 1, 1024);
 
-/// One entry of `--page-sweep`: a page size, or nothing (an empty list skips the sweep).
-fn parse_sweep_page(s: &str) -> Result<Option<u32>, String> {
-    if s.trim().is_empty() {
-        Ok(None)
-    } else {
-        parse_kv_page(s).map(Some)
-    }
-}
 bounded_parser!(parse_kv_window, u32, "--kv-window", 0, 1 << 16);
 bounded_parser!(parse_dense, u32, "--kv-select-dense-layers", 0, 4096);
 bounded_parser!(parse_ubatch, usize, "--ubatch", 1, 512);
 bounded_parser!(parse_n, usize, "--n-predict", 0, 1 << 22);
 bounded_parser!(parse_top_k, usize, "--top-k", 0, 1 << 24);
 bounded_parser!(parse_last_n, usize, "--repeat-last-n", 0, 1 << 22);
-bounded_parser!(parse_runs, usize, "--runs", 1, 1000);
+bounded_parser!(pub(super) parse_runs, usize, "--runs", 1, 1000);
 bounded_parser!(parse_chunks, usize, "--chunks", 1, 1 << 20);
-bounded_parser!(parse_ppl_chunks, usize, "--ppl-chunks", 0, 1 << 20);
-bounded_parser!(parse_tokens, usize, "token count", 1, 1 << 22);
+bounded_parser!(pub(super) parse_ppl_chunks, usize, "--ppl-chunks", 0, 1 << 20);
+bounded_parser!(pub(super) parse_tokens, usize, "token count", 1, 1 << 22);
 bounded_parser!(parse_port, u16, "--port", 0, 65535);
 bounded_parser!(parse_parallel, usize, "--parallel", 1, 64);
 bounded_parser!(parse_queue, usize, "--queue", 0, 1 << 16);
@@ -138,21 +130,6 @@ bounded_parser!(parse_max_prompt, usize, "--max-prompt-tokens", 1, 1 << 22);
 bounded_parser!(parse_max_tokens, usize, "--max-tokens", 1, 1 << 22);
 bounded_parser!(parse_timeout, u64, "--timeout", 1, 7 * 24 * 3600);
 bounded_parser!(parse_connections, usize, "--max-connections", 1, 1 << 16);
-
-/// A share in percent, `25` or `25%`, as a fraction (0 to 1).
-fn parse_cache_share(s: &str) -> Result<f64, String> {
-    let t = s.trim();
-    let v: f64 = t
-        .strip_suffix('%')
-        .unwrap_or(t)
-        .trim()
-        .parse()
-        .map_err(|_| format!("--cache-share must be a percentage from 0 to 100, got {s:?}"))?;
-    if !(0.0..=100.0).contains(&v) {
-        return Err(format!("--cache-share must be from 0 to 100%, got {s:?}"));
-    }
-    Ok(v / 100.0)
-}
 
 fn parse_body_size(s: &str) -> Result<u64, String> {
     let v = crate::flash::parse_size(s)?;
@@ -402,180 +379,6 @@ pub enum EvalKind {
     },
 }
 
-#[derive(Args, Debug)]
-pub struct BenchArgs {
-    #[command(subcommand)]
-    pub which: BenchKind,
-}
-
-#[derive(Subcommand, Debug)]
-pub enum BenchKind {
-    /// Streaming under budgets (scenario S1: 16 MiB, direct I/O, cold cache; a half-model
-    /// budget; all resident): ms/token, flash bytes/token, overlap, ring vs raw cold read.
-    Stream {
-        #[command(flatten)]
-        model: ModelArgs,
-        /// Budgets to run besides all-resident (default: 16MiB and one holding half the model).
-        #[arg(long, value_delimiter = ',', value_parser = parse_size_arg)]
-        budgets: Vec<u64>,
-        /// Prompt tokens.
-        #[arg(long, default_value = "64", value_parser = parse_tokens)]
-        prompt_tokens: usize,
-        /// Decoded tokens.
-        #[arg(short = 'n', long, default_value = "128", value_parser = parse_tokens)]
-        n: usize,
-        /// Repetitions (medians are reported).
-        #[arg(long, default_value = "3", value_parser = parse_runs)]
-        runs: usize,
-        /// Write the figures as JSON.
-        #[arg(long)]
-        json: Option<PathBuf>,
-    },
-    /// The KV cache on flash (scenario S2: a long prompt of natural prose under 16 MiB, exact
-    /// attention and page selection, without and with a host cache), session resume, the page
-    /// hit-rate model's error, page sizes side by side, and the goals checked against
-    /// the figures. The host cache of each run is set by the bench (--dram-budget is not used).
-    Kv {
-        #[command(flatten)]
-        model: ModelArgs,
-        /// Text to take the prompt and the perplexity chunks from (default: data/ in the repo).
-        #[arg(long)]
-        text: Option<PathBuf>,
-        /// Prompt tokens.
-        #[arg(long, default_value = "4096", value_parser = parse_tokens)]
-        prompt_tokens: usize,
-        /// Decoded tokens.
-        #[arg(short = 'n', long, default_value = "128", value_parser = parse_tokens)]
-        n: usize,
-        /// Repetitions (medians are reported).
-        #[arg(long, default_value = "3", value_parser = parse_runs)]
-        runs: usize,
-        /// Runs of the exact S2 row (no host cache) that prefill the prompt cold, from 1 to
-        /// --runs (default: every run of every row). The first of them saves a session; every
-        /// other S2 run resumes the prompt from it and prefills only its last token, so a long
-        /// prompt is prefilled cold this many times instead of once per run. The decode is
-        /// the same either way (prefill attends exactly in every mode); the table says which
-        /// runs were cold.
-        #[arg(long, value_parser = parse_runs)]
-        cold_runs: Option<usize>,
-        /// Perplexity chunks per mode, at most what the text holds (0: skip perplexity). The
-        /// loss against exact is paired chunk by chunk, so its standard error needs 2 or more.
-        #[arg(long, default_value = "4", value_parser = parse_ppl_chunks)]
-        ppl_chunks: usize,
-        /// Host cache of the second set of S2 rows: the weights that stream each token plus
-        /// this share of the KV bytes that live on flash at the end of the run, e.g. 25%
-        /// (0: only the rows without a host cache). The device budget is --gpu-budget, else
-        /// 16MiB.
-        #[arg(long, default_value = "25%", value_parser = parse_cache_share)]
-        cache_share: f64,
-        /// Page sizes to compare at the S2 setting (comma list; empty: skip); the report
-        /// names the one its rule picks.
-        #[arg(long, value_delimiter = ',', default_value = "16,32,64,128,256", value_parser = parse_sweep_page)]
-        page_sweep: Vec<Option<u32>>,
-        /// Prompt tokens of the page sweep (each size prefills cold; default: --prompt-tokens).
-        #[arg(long, value_parser = parse_tokens)]
-        page_sweep_tokens: Option<usize>,
-        /// Write the figures as JSON.
-        #[arg(long)]
-        json: Option<PathBuf>,
-    },
-    /// Scenario S3: a 7B-shaped Q4_K model (written once to the cache directory) under a
-    /// 512 MiB device budget and a 1 GiB host cache, each run its own process: ms/token against
-    /// the I/O bound, peak device bytes and peak resident memory against the budgets.
-    S3 {
-        /// The model file (default: synth-7b-q4k.gguf in the cache directory, written if absent).
-        #[arg(long, short = 'm')]
-        model: Option<PathBuf>,
-        /// Repetitions (medians are reported).
-        #[arg(long, default_value = "3", value_parser = parse_runs)]
-        runs: usize,
-        /// Tokens generated per run.
-        #[arg(short = 'n', long, default_value = "8", value_parser = parse_tokens)]
-        n: usize,
-        /// Write the figures as JSON.
-        #[arg(long)]
-        json: Option<PathBuf>,
-    },
-    /// Several tokens per streamed layer: 1, 2, 4 and 8 sequences decoded together under the S1
-    /// budget (flash bytes per token, aggregate tok/s, per-request latency, each sequence's ids
-    /// checked against decoding it alone), prompt-lookup drafts against plain decoding on a
-    /// prompt that repeats its input, and the goal lines. Exits non-zero when outputs differ.
-    Batch {
-        #[command(flatten)]
-        model: ModelArgs,
-        /// Tokens generated per sequence (at least 2: the first comes from the prefill).
-        #[arg(short = 'n', long, default_value = "24", value_parser = parse_tokens)]
-        n: usize,
-        /// Repetitions (medians are reported).
-        #[arg(long, default_value = "3", value_parser = parse_runs)]
-        runs: usize,
-        /// Write the figures as JSON.
-        #[arg(long)]
-        json: Option<PathBuf>,
-    },
-    /// Resident prefill and decode tok/s per weight type on the default model's shape
-    /// (synthetic weights, written once to the cache directory).
-    Types {
-        /// A model whose shape (layers, widths, heads, vocabulary) the synthetic models take
-        /// (default: the default model's shape; its file is not needed).
-        #[arg(long, short = 'm')]
-        model: Option<PathBuf>,
-        /// Types to compare (default: every supported quantized type and F16).
-        #[arg(long, value_delimiter = ',')]
-        types: Vec<String>,
-        /// Repetitions (medians are reported).
-        #[arg(long, default_value = "3", value_parser = parse_runs)]
-        runs: usize,
-        /// Write the figures as JSON.
-        #[arg(long)]
-        json: Option<PathBuf>,
-    },
-    /// Everything resident on the GPU: prefill and decode tok/s, matvec GB/s against a copy.
-    Resident {
-        #[command(flatten)]
-        model: ModelArgs,
-        /// Repetitions (the median is reported).
-        #[arg(long, default_value = "5", value_parser = parse_runs)]
-        runs: usize,
-        /// Write the figures as JSON.
-        #[arg(long)]
-        json: Option<PathBuf>,
-    },
-    /// One table of the performance model's predicted ms/token (and TTFT) against the measured
-    /// figures for every scenario (resident, S1, half-model, S2, S3), from the JSON files the
-    /// other bench commands wrote; a missing file or field reads "not measured".
-    Summary {
-        /// Folder of resident.json, stream.json, kv.json and s3.json.
-        #[arg(long, default_value = "bench-out")]
-        dir: PathBuf,
-        /// Write the table as JSON.
-        #[arg(long)]
-        json: Option<PathBuf>,
-    },
-    /// Flash read throughput from a cold page cache: raw read, direct and mmap over piece size
-    /// × threads, and the staging ring into device buffers.
-    Io {
-        /// GGUF model file (default: $FLASHLM_MODEL, else the cached SmolLM2-135M-Instruct).
-        #[arg(long, short = 'm')]
-        model: Option<PathBuf>,
-        /// Bytes of tensor data to read per measurement (e.g. 64MiB, 16M, 1e8).
-        #[arg(long, default_value = "64MiB", value_parser = crate::flash::parse_size)]
-        bytes: u64,
-        /// Repetitions of each cheap measurement (the median is reported).
-        #[arg(long, default_value = "3", value_parser = parse_runs)]
-        repeats: usize,
-        /// Skip the staging-ring path (no GPU needed).
-        #[arg(long)]
-        no_gpu: bool,
-        /// Write the figures as JSON.
-        #[arg(long)]
-        json: Option<PathBuf>,
-        /// Write an SVG plot of GB/s against piece size.
-        #[arg(long)]
-        plot: Option<PathBuf>,
-    },
-}
-
 #[derive(Args, Debug, Clone)]
 pub struct ServeArgs {
     #[command(flatten)]
@@ -615,29 +418,4 @@ pub struct ServeArgs {
     /// Open connections at once; more are closed at once.
     #[arg(long, default_value = "256", value_parser = parse_connections)]
     pub max_connections: usize,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{parse_cache_share, parse_sweep_page};
-
-    #[test]
-    fn cache_share_is_a_percentage() {
-        assert_eq!(parse_cache_share("25%"), Ok(0.25));
-        assert_eq!(parse_cache_share(" 50 "), Ok(0.5));
-        assert_eq!(parse_cache_share("0"), Ok(0.0));
-        assert_eq!(parse_cache_share("100%"), Ok(1.0));
-        for bad in ["101%", "-1", "lots", "", "nan"] {
-            assert!(parse_cache_share(bad).is_err(), "{bad:?}");
-        }
-    }
-
-    #[test]
-    fn an_empty_page_sweep_is_no_sweep() {
-        assert_eq!(parse_sweep_page(""), Ok(None));
-        assert_eq!(parse_sweep_page("64"), Ok(Some(64)));
-        for bad in ["0", "2048", "x"] {
-            assert!(parse_sweep_page(bad).is_err(), "{bad:?}");
-        }
-    }
 }

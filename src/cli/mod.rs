@@ -6,6 +6,7 @@
 
 mod args;
 mod bench;
+mod bench_args;
 mod eval;
 mod plan;
 mod run;
@@ -15,6 +16,7 @@ mod synth;
 use std::path::{Path, PathBuf};
 
 pub use args::*;
+pub use bench_args::{BenchArgs, BenchKind};
 pub use synth::SynthArgs;
 
 use crate::engine::{Engine, EngineOptions, ResidentSpec};

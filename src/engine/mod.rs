@@ -26,6 +26,7 @@ mod layers;
 mod measure;
 mod pass;
 mod predict;
+mod select;
 pub mod session;
 mod stats;
 pub mod trace;

@@ -53,6 +53,7 @@ fn built_in_source(name: &str) -> Option<&'static str> {
         "kv" => include_str!("../../shaders/kv.wgsl"),
         "roofline" => include_str!("../../shaders/roofline.wgsl"),
         "matmul_quant" => include_str!("../../shaders/matmul_quant.wgsl"),
+        "matmul_blocks" => include_str!("../../shaders/matmul_blocks.wgsl"),
         "common" => COMMON_BUILT_IN,
         _ => return None,
     })

@@ -4,9 +4,9 @@
 
 use bytemuck::{Pod, Zeroable};
 
+use super::matmul::{MatmulParams, matmul_defines, norm_defines};
 use super::{
-    Dispatch, GpuWeight, KernelError, MatmulIo, MatmulParams, Norm, TokenAxis, make_dispatch_at,
-    matmul_defines, norm_defines, params_buffer,
+    Dispatch, GpuWeight, KernelError, MatmulIo, Norm, TokenAxis, make_dispatch_at, params_buffer,
 };
 use crate::gguf::GgmlType;
 use crate::gpu::GpuContext;

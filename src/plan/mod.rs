@@ -13,6 +13,7 @@
 //! KV cache's home pages (all of them: the KV cache never touches flash), then the splits per
 //! attention round.
 
+pub mod calibration;
 pub mod choose;
 pub mod hitrate;
 pub mod hitrate_sim;

@@ -16,6 +16,7 @@
 //! Submodules: [`s2`] (S1, S2, TTFT, perplexity), [`sweep`] (the hit-rate model sweep and the
 //! page sizes), [`report`] (figures, goals and markdown).
 
+mod markdown;
 mod report;
 mod s2;
 mod sweep;

@@ -1,0 +1,333 @@
+// The BLOCKS entry body of matmul.wgsl (included there; see its header): each thread walks its
+// row one whole 32-weight block (or 32-weight chunk of a super-block) at a time, loading the
+// block's words once, and reads X as vec4s; SHARE_X hands X values between subgroup lanes.
+
+#ifdef BLOCKS
+// The 32 weights of one block in column order, four per vector.
+struct Blk {
+    a0: vec4<f32>,
+    a1: vec4<f32>,
+    a2: vec4<f32>,
+    a3: vec4<f32>,
+    a4: vec4<f32>,
+    a5: vec4<f32>,
+    a6: vec4<f32>,
+    a7: vec4<f32>,
+}
+
+// The 32 X values of one block of one token.
+struct Xb {
+    v0: vec4<f32>,
+    v1: vec4<f32>,
+    v2: vec4<f32>,
+    v3: vec4<f32>,
+    v4: vec4<f32>,
+    v5: vec4<f32>,
+    v6: vec4<f32>,
+    v7: vec4<f32>,
+}
+
+#ifdef Q4_1
+const BLOCK_BYTES: u32 = 20u;
+#endif
+#ifdef Q4_0
+const BLOCK_BYTES: u32 = 18u;
+#endif
+#ifdef Q8_0
+const BLOCK_BYTES: u32 = 34u;
+#endif
+
+fn lo4(q: u32) -> vec4<f32> {
+    return vec4<f32>(unpack4xU8(q & 0x0f0f0f0fu));
+}
+
+fn hi4(q: u32) -> vec4<f32> {
+    return vec4<f32>(unpack4xU8((q >> 4u) & 0x0f0f0f0fu));
+}
+
+// Word k of a byte stream starting 2 bytes into word w0 (odd: the stream starts at a word).
+fn shifted(odd: bool, w0: u32, w1: u32) -> u32 {
+    return select((w0 >> 16u) | (w1 << 16u), w1, odd);
+}
+
+#ifndef SUPER
+// Block k of the row at byte offset rb of weight s.
+fn load_block(s: u32, rb: u32, k: u32) -> Blk {
+#ifdef EXT
+    return ext_block(s, rb, k);
+#else
+    let b = rb + k * BLOCK_BYTES;
+    let i = b >> 2u;
+#ifdef Q4_1
+    // f16 d, f16 m, 16 bytes; byte j holds elements j (low nibble) and j + 16 (high).
+    let dm = unpack2x16float(word(s, i));
+    let q0 = word(s, i + 1u);
+    let q1 = word(s, i + 2u);
+    let q2 = word(s, i + 3u);
+    let q3 = word(s, i + 4u);
+    return Blk(
+        lo4(q0) * dm.x + dm.y, lo4(q1) * dm.x + dm.y, lo4(q2) * dm.x + dm.y, lo4(q3) * dm.x + dm.y,
+        hi4(q0) * dm.x + dm.y, hi4(q1) * dm.x + dm.y, hi4(q2) * dm.x + dm.y, hi4(q3) * dm.x + dm.y
+    );
+#endif
+#ifdef Q4_0
+    // f16 d, 16 bytes as in Q4_1; w = d * (q - 8). Blocks start at even bytes: the five words
+    // from word i hold the whole block.
+    let odd = (b & 2u) != 0u;
+    let w0 = word(s, i);
+    let w1 = word(s, i + 1u);
+    let w2 = word(s, i + 2u);
+    let w3 = word(s, i + 3u);
+    let w4 = word(s, i + 4u);
+    let d = unpack2x16float(select(w0, w0 >> 16u, odd)).x;
+    let q0 = shifted(odd, w0, w1);
+    let q1 = shifted(odd, w1, w2);
+    let q2 = shifted(odd, w2, w3);
+    let q3 = shifted(odd, w3, w4);
+    return Blk(
+        (lo4(q0) - 8.0) * d, (lo4(q1) - 8.0) * d, (lo4(q2) - 8.0) * d, (lo4(q3) - 8.0) * d,
+        (hi4(q0) - 8.0) * d, (hi4(q1) - 8.0) * d, (hi4(q2) - 8.0) * d, (hi4(q3) - 8.0) * d
+    );
+#endif
+#ifdef Q8_0
+    // f16 d, 32 signed bytes; w = d * q. Nine words from word i hold the block.
+    let odd = (b & 2u) != 0u;
+    let w0 = word(s, i);
+    let w1 = word(s, i + 1u);
+    let w2 = word(s, i + 2u);
+    let w3 = word(s, i + 3u);
+    let w4 = word(s, i + 4u);
+    let w5 = word(s, i + 5u);
+    let w6 = word(s, i + 6u);
+    let w7 = word(s, i + 7u);
+    let w8 = word(s, i + 8u);
+    let d = unpack2x16float(select(w0, w0 >> 16u, odd)).x;
+    return Blk(
+        vec4<f32>(unpack4xI8(shifted(odd, w0, w1))) * d,
+        vec4<f32>(unpack4xI8(shifted(odd, w1, w2))) * d,
+        vec4<f32>(unpack4xI8(shifted(odd, w2, w3))) * d,
+        vec4<f32>(unpack4xI8(shifted(odd, w3, w4))) * d,
+        vec4<f32>(unpack4xI8(shifted(odd, w4, w5))) * d,
+        vec4<f32>(unpack4xI8(shifted(odd, w5, w6))) * d,
+        vec4<f32>(unpack4xI8(shifted(odd, w6, w7))) * d,
+        vec4<f32>(unpack4xI8(shifted(odd, w7, w8))) * d
+    );
+#endif
+#endif
+}
+#endif
+
+// The block's X values starting at vec4 index i (NORM: times the norm weights g of this lane's
+// vec4, adding the squares of the values to *ss).
+fn x_block(i: u32, lane: u32, g: vec4<f32>, ss: ptr<function, f32>) -> Xb {
+#ifdef SHARE_X
+    var v = x4[i + lane];
+#ifdef NORM
+    *ss += dot(v, v);
+    v *= g;
+#endif
+    return Xb(
+        subgroupBroadcast(v, 0u), subgroupBroadcast(v, 1u), subgroupBroadcast(v, 2u),
+        subgroupBroadcast(v, 3u), subgroupBroadcast(v, 4u), subgroupBroadcast(v, 5u),
+        subgroupBroadcast(v, 6u), subgroupBroadcast(v, 7u)
+    );
+#else
+    return Xb(x4[i], x4[i + 1u], x4[i + 2u], x4[i + 3u], x4[i + 4u], x4[i + 5u], x4[i + 6u], x4[i + 7u]);
+#endif
+}
+
+fn dot_block(w: Blk, x: Xb) -> f32 {
+    return dot(w.a0, x.v0) + dot(w.a1, x.v1) + dot(w.a2, x.v2) + dot(w.a3, x.v3)
+        + dot(w.a4, x.v4) + dot(w.a5, x.v5) + dot(w.a6, x.v6) + dot(w.a7, x.v7);
+}
+
+// One token's sums for a block: (W x, W2 x).
+fn token(w: Blk, w2: Blk, i: u32, lane: u32, g: vec4<f32>, ss: ptr<function, f32>) -> vec2<f32> {
+    let xb = x_block(i, lane, g, ss);
+#ifdef SWIGLU
+    return vec2<f32>(dot_block(w, xb), dot_block(w2, xb));
+#else
+    return vec2<f32>(dot_block(w, xb), 0.0);
+#endif
+}
+
+fn emit(t: u32, n_tok: u32, r: u32, s: vec2<f32>) {
+    if (t < n_tok) {
+        store(t, r, s.x, s.y);
+    }
+}
+
+// Every lane runs the whole loop (rows past the end read the last row and store nothing), so
+// subgroup broadcasts always see a full subgroup. Tokens past the batch read its last token.
+@compute @workgroup_size(WG)
+fn main(
+    @builtin(local_invocation_index) lid: u32,
+    @builtin(workgroup_id) wid: vec3<u32>,
+#ifdef SHARE_X
+    @builtin(subgroup_invocation_id) lane: u32,
+#endif
+) {
+#ifndef SHARE_X
+    let lane = 0u;
+#endif
+    let r = begin(wid.x) * ROWS_PER_WG + lid;
+#ifdef MULTI
+    // One call per segment with its weight as a constant, so each reads one binding without a
+    // branch per load (the segment is the same for the whole workgroup).
+    if (seg == 0u) {
+        blocks(0u, r, wid.y, lane);
+    } else if (seg == 1u) {
+        blocks(1u, r, wid.y, lane);
+    } else {
+        blocks(2u, r, wid.y, lane);
+    }
+#else
+    blocks(0u, r, wid.y, lane);
+#endif
+}
+
+// Rows r of weight ws (0: W; MULTI: the segment's weight) for the token tile ty.
+fn blocks(ws: u32, r: u32, ty: u32, lane: u32) {
+    let n_tok = select(step.n_tokens, p.n_tokens, p.n_tokens != 0u);
+    let rb = row_byte(ws, min(r, seg_rows - 1u));
+    let rb2 = row_byte(1u, min(r, seg_rows - 1u));
+    let t0 = ty * TT;
+    let last = n_tok - 1u;
+    let xs = p.x_stride >> 2u;
+    let xo = p.x_offset >> 2u;
+    // The vec4 index of each token's row of X (x4_: x4 names the binding).
+    let x0 = xo + min(t0, last) * xs;
+    let x1 = xo + min(t0 + 1u, last) * xs;
+    let x2 = xo + min(t0 + 2u, last) * xs;
+    let x3 = xo + min(t0 + 3u, last) * xs;
+    let x4_ = xo + min(t0 + 4u, last) * xs;
+    let x5 = xo + min(t0 + 5u, last) * xs;
+    let x6 = xo + min(t0 + 6u, last) * xs;
+    let x7 = xo + min(t0 + 7u, last) * xs;
+    var s0 = vec2<f32>(0.0);
+    var s1 = vec2<f32>(0.0);
+    var s2 = vec2<f32>(0.0);
+    var s3 = vec2<f32>(0.0);
+    var s4 = vec2<f32>(0.0);
+    var s5 = vec2<f32>(0.0);
+    var s6 = vec2<f32>(0.0);
+    var s7 = vec2<f32>(0.0);
+    // Sums of squares of each token's X (NORM).
+    var q0 = 0.0;
+    var q1 = 0.0;
+    var q2 = 0.0;
+    var q3 = 0.0;
+    var q4 = 0.0;
+    var q5 = 0.0;
+    var q6 = 0.0;
+    var q7 = 0.0;
+    let n_blocks = p.cols / 32u;
+#ifdef SUPER
+    // Super-block fields shared by several chunks, loaded when a new group of chunks starts.
+    var hd: Hdr;
+    var hd2: Hdr;
+#endif
+    for (var k = 0u; k < n_blocks; k++) {
+#ifdef SUPER
+        if ((k % HDR_EVERY) == 0u) {
+            hd = ext_header(ws, rb, k);
+#ifdef SWIGLU
+            hd2 = ext_header(1u, rb2, k);
+#endif
+        }
+        let wb = ext_chunk(ws, hd, k);
+#ifdef SWIGLU
+        let wb2 = ext_chunk(1u, hd2, k);
+#else
+        let wb2 = wb;
+#endif
+#else
+        let wb = load_block(ws, rb, k);
+#ifdef SWIGLU
+        let wb2 = load_block(1u, rb2, k);
+#else
+        let wb2 = wb;
+#endif
+#endif
+        let c = k * 8u;
+#ifdef NORM
+        let g = nw4[c + lane];
+#else
+        let g = vec4<f32>(1.0);
+#endif
+        s0 += token(wb, wb2, x0 + c, lane, g, &q0);
+        if (TT > 1u) {
+            s1 += token(wb, wb2, x1 + c, lane, g, &q1);
+        }
+        if (TT > 2u) {
+            s2 += token(wb, wb2, x2 + c, lane, g, &q2);
+        }
+        if (TT > 3u) {
+            s3 += token(wb, wb2, x3 + c, lane, g, &q3);
+        }
+        if (TT > 4u) {
+            s4 += token(wb, wb2, x4_ + c, lane, g, &q4);
+        }
+        if (TT > 5u) {
+            s5 += token(wb, wb2, x5 + c, lane, g, &q5);
+        }
+        if (TT > 6u) {
+            s6 += token(wb, wb2, x6 + c, lane, g, &q6);
+        }
+        if (TT > 7u) {
+            s7 += token(wb, wb2, x7 + c, lane, g, &q7);
+        }
+    }
+#ifdef NORM
+    // 1 / RMS of each token's X: the lanes' sums together cover the whole row.
+    let n = f32(p.cols);
+    let eps = bitcast<f32>(p.eps);
+    s0 *= 1.0 / sqrt(subgroupAdd(q0) / n + eps);
+    if (TT > 1u) {
+        s1 *= 1.0 / sqrt(subgroupAdd(q1) / n + eps);
+    }
+    if (TT > 2u) {
+        s2 *= 1.0 / sqrt(subgroupAdd(q2) / n + eps);
+    }
+    if (TT > 3u) {
+        s3 *= 1.0 / sqrt(subgroupAdd(q3) / n + eps);
+    }
+    if (TT > 4u) {
+        s4 *= 1.0 / sqrt(subgroupAdd(q4) / n + eps);
+    }
+    if (TT > 5u) {
+        s5 *= 1.0 / sqrt(subgroupAdd(q5) / n + eps);
+    }
+    if (TT > 6u) {
+        s6 *= 1.0 / sqrt(subgroupAdd(q6) / n + eps);
+    }
+    if (TT > 7u) {
+        s7 *= 1.0 / sqrt(subgroupAdd(q7) / n + eps);
+    }
+#endif
+    if (r < seg_rows) {
+        emit(t0, n_tok, r, s0);
+        if (TT > 1u) {
+            emit(t0 + 1u, n_tok, r, s1);
+        }
+        if (TT > 2u) {
+            emit(t0 + 2u, n_tok, r, s2);
+        }
+        if (TT > 3u) {
+            emit(t0 + 3u, n_tok, r, s3);
+        }
+        if (TT > 4u) {
+            emit(t0 + 4u, n_tok, r, s4);
+        }
+        if (TT > 5u) {
+            emit(t0 + 5u, n_tok, r, s5);
+        }
+        if (TT > 6u) {
+            emit(t0 + 6u, n_tok, r, s6);
+        }
+        if (TT > 7u) {
+            emit(t0 + 7u, n_tok, r, s7);
+        }
+    }
+}
+#endif

@@ -1,0 +1,437 @@
+//! The machine constants the performance model reads: what `flashlm calibrate` measures and
+//! saves, and the rates it derives from them (flash by piece size, products by shape, overlap by
+//! layer size).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::work::MatrixWork;
+
+/// Constants measured on one machine and adapter.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Calibration {
+    pub adapter: String,
+    /// Flash GB/s by (mode, piece bytes, threads), cold.
+    pub flash: Vec<FlashRate>,
+    /// Staging memory to device buffers, GB/s.
+    pub upload_gb_s: f64,
+    /// Decode (one token) matrix-vector GB/s of weight bytes, by weight type name.
+    pub matvec_gb_s: BTreeMap<String, f64>,
+    /// Prefill matrix product: weight GB/s × tokens (bytes × tokens ÷ seconds), by type name.
+    pub prefill_gb_s: BTreeMap<String, f64>,
+    /// Matrix-product rates by type and shape: the calibrated model's own matrices, and every
+    /// type the kernels read on synthetic ones (empty in profiles from before they were
+    /// measured: the per-type rates above stand in).
+    #[serde(default)]
+    pub matmul_points: Vec<MatmulPoint>,
+    /// Seconds per dispatch (launch cost).
+    pub dispatch_s: f64,
+    /// Attention: KV bytes read per second (decode: one row).
+    pub attn_gb_s: f64,
+    /// Prefill attention: KV bytes per second summed over a batch's rows (each row counts the
+    /// keys it attends; the row-tiled kernel reads them once per tile). 0 in profiles from
+    /// before it was measured: `attn_gb_s` stands in.
+    #[serde(default)]
+    pub prefill_attn_gb_s: f64,
+    /// Overlap of compute and I/O in the pipeline (0 perfect, 1 none), on the calibrated
+    /// model.
+    pub overlap_beta: f64,
+    /// The overlap measured on streamed layers of several sizes (empty in profiles from
+    /// before: `overlap_beta` holds for every size).
+    #[serde(default)]
+    pub overlap_points: Vec<OverlapPoint>,
+    /// A decode pass's device time over what the kernel rates above add up to for it, measured
+    /// on a resident run: inside a pass the kernels run slower than alone (caches shared with
+    /// the copies and the host threads, small kernels between the products). 1 in profiles
+    /// from before it was measured.
+    #[serde(default = "one")]
+    pub compute_scale: f64,
+    /// What the calibrated device does that changes the plan (None in profiles from before
+    /// it was recorded): `flashlm plan` then plans as `run` would on it.
+    #[serde(default)]
+    pub device: Option<DeviceFacts>,
+}
+
+/// Facts of the calibrated device that the plan depends on.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+pub struct DeviceFacts {
+    /// Largest storage binding, bytes.
+    pub max_binding: u64,
+    /// `--upload auto` writes streamed weights in place into mappable slots.
+    pub auto_in_place: bool,
+    /// The matrix kernels apply the layers' RMSNorms themselves.
+    pub fuse_norms: bool,
+}
+
+/// The overlap share β measured on a model whose streamed layers are `layer_bytes` each.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+pub struct OverlapPoint {
+    pub layer_bytes: u64,
+    pub beta: f64,
+}
+
+/// The measured rates of one matrix shape.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct MatmulPoint {
+    pub ty: String,
+    pub rows: u32,
+    pub cols: u32,
+    pub bytes: u64,
+    /// Decode GB/s of weights, and prefill GB/s of weights × tokens.
+    pub decode_gb_s: f64,
+    pub prefill_gb_s: f64,
+    /// Measured on a matrix of the calibrated model (else a synthetic one).
+    pub model: bool,
+}
+
+/// Rows of a matrix at most that calibration measures (larger ones are measured on this many).
+pub const MAX_MEASURED_ROWS: u64 = 4096;
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct FlashRate {
+    pub mode: String,
+    pub piece: u64,
+    pub threads: usize,
+    pub gb_s: f64,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+impl Calibration {
+    /// The in-pass compute factor, within sane bounds.
+    pub fn compute_factor(&self) -> f64 {
+        if self.compute_scale.is_finite() && self.compute_scale > 0.0 {
+            self.compute_scale.clamp(0.25, 4.0)
+        } else {
+            1.0
+        }
+    }
+
+    /// Where calibration profiles live.
+    pub fn path() -> PathBuf {
+        crate::paths::cache_dir().join("calibration.json")
+    }
+
+    /// The prefill attention rate (the decode one where the profile has none).
+    pub fn prefill_attn(&self) -> f64 {
+        if self.prefill_attn_gb_s > 0.0 {
+            self.prefill_attn_gb_s
+        } else {
+            self.attn_gb_s
+        }
+    }
+
+    pub fn load(path: &Path) -> Result<Self, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("reading {}: {e}", path.display()))?;
+        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    /// The profile as a markdown table: the fastest cold read of each mode (with its piece size
+    /// and threads), and every other constant.
+    pub fn to_markdown(&self) -> String {
+        let mut s = format!(
+            "adapter {}\n\n| constant | value |\n|---|---|\n",
+            self.adapter
+        );
+        for mode in ["direct", "mmap"] {
+            if let Some(best) = self
+                .flash
+                .iter()
+                .filter(|r| r.mode == mode)
+                .max_by(|a, b| a.gb_s.total_cmp(&b.gb_s))
+            {
+                s.push_str(&format!(
+                    "| cold read, {mode}, fastest setting | {:.3} GB/s ({} KiB pieces, {} threads; {} settings measured) |\n",
+                    best.gb_s,
+                    best.piece / 1024,
+                    best.threads,
+                    self.flash.iter().filter(|r| r.mode == mode).count()
+                ));
+            }
+        }
+        s.push_str(&format!(
+            "| staging to device copy | {:.3} GB/s |\n",
+            self.upload_gb_s
+        ));
+        let mut types: Vec<&str> = self.matmul_points.iter().map(|p| p.ty.as_str()).collect();
+        types.sort_unstable();
+        types.dedup();
+        for ty in types {
+            let mut pts: Vec<&MatmulPoint> =
+                self.matmul_points.iter().filter(|p| p.ty == ty).collect();
+            pts.sort_by_key(|p| p.bytes);
+            let list = |f: fn(&MatmulPoint) -> f64| {
+                pts.iter()
+                    .map(|p| {
+                        let mark = if p.model { "*" } else { "" };
+                        format!("{:.3} ({} x {}{mark})", f(p), p.rows, p.cols)
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            s.push_str(&format!(
+                "| matrix product, {ty}: decode, GB/s of weights | {} |\n| matrix product, {ty}: prefill, GB/s of weights × tokens | {} |\n",
+                list(|p| p.decode_gb_s),
+                list(|p| p.prefill_gb_s)
+            ));
+        }
+        if self.matmul_points.is_empty() {
+            for (ty, v) in &self.matvec_gb_s {
+                s.push_str(&format!(
+                    "| decode product, {ty} | {v:.3} GB/s of weights |\n"
+                ));
+            }
+            for (ty, v) in &self.prefill_gb_s {
+                s.push_str(&format!(
+                    "| prefill product, {ty} | {v:.3} GB/s of weights × tokens |\n"
+                ));
+            }
+        }
+        s.push_str(&format!(
+            "| dispatch | {:.1} µs each |\n| attention, decode | {:.3} GB/s of KV |\n| attention, prefill | {:.3} GB/s of KV over the rows |\n| unhidden share of the overlap (β) | {} |\n| decode pass in place of its kernels (resident run ÷ the rates above) | {:.2}× |\n",
+            self.dispatch_s * 1e6,
+            self.attn_gb_s,
+            self.prefill_attn(),
+            if self.overlap_points.is_empty() {
+                format!("{:.2}", self.overlap_beta)
+            } else {
+                let mut pts = self.overlap_points.clone();
+                pts.sort_by_key(|p| p.layer_bytes);
+                pts.iter()
+                    .map(|p| format!("{:.2} (streamed layers of {:.1} MB)", p.beta, p.layer_bytes as f64 / 1e6))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            },
+            self.compute_factor()
+        ));
+        if let Some(d) = self.device {
+            s.push_str(&format!(
+                "| device | bindings up to {} MiB; --upload auto: {}; norms applied by the products: {} |\n",
+                d.max_binding >> 20,
+                if d.auto_in_place { "in place" } else { "staging ring" },
+                if d.fuse_norms { "yes" } else { "no" }
+            ));
+        }
+        s
+    }
+
+    pub fn save(&self, path: &Path) -> Result<(), String> {
+        if let Some(d) = path.parent() {
+            std::fs::create_dir_all(d).map_err(|e| e.to_string())?;
+        }
+        let tmp = path.with_extension("json.tmp");
+        let text = serde_json::to_string_pretty(self).map_err(|e| e.to_string())?;
+        std::fs::write(&tmp, text).map_err(|e| format!("writing {}: {e}", tmp.display()))?;
+        std::fs::rename(&tmp, path).map_err(|e| format!("writing {}: {e}", path.display()))
+    }
+
+    /// Flash GB/s for reads in `mode` ("direct"/"mmap") with `threads` readers of `piece`
+    /// bytes: the measured point nearest in log2(piece), then in threads.
+    pub fn flash_gb_s(&self, mode: &str, piece: u64, threads: usize) -> f64 {
+        let lp = (piece.max(1) as f64).log2();
+        self.flash
+            .iter()
+            .filter(|f| f.mode == mode)
+            .min_by(|a, b| {
+                let da = ((a.piece as f64).log2() - lp).abs() * 8.0
+                    + (a.threads as f64 - threads as f64).abs();
+                let db = ((b.piece as f64).log2() - lp).abs() * 8.0
+                    + (b.threads as f64 - threads as f64).abs();
+                da.total_cmp(&db)
+            })
+            .map(|f| f.gb_s)
+            .unwrap_or(1.0)
+    }
+
+    /// GB/s of a matrix product (decode, or prefill per token) on `m`: the point measured on
+    /// its shape (rows capped at [`MAX_MEASURED_ROWS`]); else interpolated between its type's
+    /// points in log(bytes), held at the ends; else the per-type rate.
+    pub fn product_gb_s(&self, m: &MatrixWork, prefill: bool) -> f64 {
+        let rate = |p: &MatmulPoint| {
+            if prefill {
+                p.prefill_gb_s
+            } else {
+                p.decode_gb_s
+            }
+        };
+        let rows = m.rows.min(MAX_MEASURED_ROWS) as u32;
+        let mut pts: Vec<&MatmulPoint> = self
+            .matmul_points
+            .iter()
+            .filter(|p| p.ty == m.ty && rate(p) > 0.0 && p.bytes > 0)
+            .collect();
+        if let Some(p) = pts
+            .iter()
+            .find(|p| p.rows == rows && p.cols as u64 == m.cols)
+        {
+            return rate(p).max(1e-6);
+        }
+        if pts.is_empty() {
+            let map = if prefill {
+                &self.prefill_gb_s
+            } else {
+                &self.matvec_gb_s
+            };
+            return Self::rate(map, &m.ty);
+        }
+        pts.sort_by_key(|p| p.bytes);
+        let x = (m.bytes.max(1) as f64).ln();
+        let (first, last) = (pts[0], pts[pts.len() - 1]);
+        if x <= (first.bytes as f64).ln() {
+            return rate(first).max(1e-6);
+        }
+        for w in pts.windows(2) {
+            let (a, b) = ((w[0].bytes as f64).ln(), (w[1].bytes as f64).ln());
+            if x <= b && b > a {
+                let f = (x - a) / (b - a);
+                return (rate(w[0]) + f * (rate(w[1]) - rate(w[0]))).max(1e-6);
+            }
+        }
+        rate(last).max(1e-6)
+    }
+
+    /// β for streamed layers of `layer_bytes`: interpolated between the measured sizes in
+    /// log(bytes), held at the ends (`overlap_beta` without sizes).
+    pub fn beta_for(&self, layer_bytes: u64) -> f64 {
+        let mut pts: Vec<OverlapPoint> = self
+            .overlap_points
+            .iter()
+            .copied()
+            .filter(|p| p.layer_bytes > 0 && p.beta.is_finite())
+            .collect();
+        pts.sort_by_key(|p| p.layer_bytes);
+        let b = match (pts.first(), pts.last()) {
+            (Some(first), Some(last)) => {
+                let x = (layer_bytes.max(1) as f64).ln();
+                let ln = |p: &OverlapPoint| (p.layer_bytes as f64).ln();
+                if layer_bytes == 0 || x <= ln(first) {
+                    first.beta
+                } else if x >= ln(last) {
+                    last.beta
+                } else {
+                    pts.windows(2)
+                        .find(|w| x <= ln(&w[1]))
+                        .map(|w| {
+                            let f = (x - ln(&w[0])) / (ln(&w[1]) - ln(&w[0])).max(1e-12);
+                            w[0].beta + f * (w[1].beta - w[0].beta)
+                        })
+                        .unwrap_or(last.beta)
+                }
+            }
+            _ => self.overlap_beta,
+        };
+        b.clamp(0.0, 1.0)
+    }
+
+    /// Seconds of the matrix products `ms` (decode; prefill: per token).
+    pub fn products_s(&self, ms: &[MatrixWork], prefill: bool) -> f64 {
+        ms.iter()
+            .map(|m| m.bytes as f64 / (self.product_gb_s(m, prefill) * 1e9))
+            .sum()
+    }
+
+    fn rate(map: &BTreeMap<String, f64>, ty: &str) -> f64 {
+        map.get(ty)
+            .copied()
+            .or_else(|| {
+                // An unmeasured type: the slowest measured one.
+                map.values().copied().reduce(f64::min)
+            })
+            .unwrap_or(1.0)
+            .max(1e-6)
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    pub(crate) fn cal() -> Calibration {
+        Calibration {
+            adapter: "test".into(),
+            flash: vec![
+                FlashRate {
+                    mode: "direct".into(),
+                    piece: 1 << 20,
+                    threads: 4,
+                    gb_s: 2.0,
+                },
+                FlashRate {
+                    mode: "direct".into(),
+                    piece: 64 << 10,
+                    threads: 4,
+                    gb_s: 0.5,
+                },
+            ],
+            upload_gb_s: 10.0,
+            matvec_gb_s: [("Q4_1".to_string(), 1.0), ("Q8_0".to_string(), 2.0)].into(),
+            prefill_gb_s: [("Q4_1".to_string(), 8.0)].into(),
+            matmul_points: Vec::new(),
+            dispatch_s: 20e-6,
+            attn_gb_s: 4.0,
+            prefill_attn_gb_s: 0.0,
+            overlap_beta: 0.25,
+            overlap_points: Vec::new(),
+            compute_scale: 1.0,
+            device: None,
+        }
+    }
+
+    pub(crate) fn mat(ty: &str, bytes: u64) -> MatrixWork {
+        MatrixWork {
+            ty: ty.into(),
+            rows: 1000,
+            cols: bytes / 1000,
+            bytes,
+        }
+    }
+
+    #[test]
+    fn product_rates_by_shape() {
+        let pt = |rows: u32, cols: u32, bytes: u64, d: f64, model: bool| MatmulPoint {
+            ty: "Q4_K".into(),
+            rows,
+            cols,
+            bytes,
+            decode_gb_s: d,
+            prefill_gb_s: 2.0 * d,
+            model,
+        };
+        let mut c = cal();
+        c.matmul_points = vec![
+            pt(512, 512, 1_000, 0.5, false),
+            pt(4096, 4096, 100_000, 1.5, false),
+            pt(300, 700, 50_000, 3.0, true),
+        ];
+        let m = |rows: u64, cols: u64, bytes: u64| MatrixWork {
+            ty: "Q4_K".into(),
+            rows,
+            cols,
+            bytes,
+        };
+        // Its own shape: the point measured on it, whatever the interpolation would say.
+        assert_eq!(c.product_gb_s(&m(300, 700, 50_000), false), 3.0);
+        // Rows past the cap are measured on the cap.
+        assert_eq!(c.product_gb_s(&m(90_000, 4096, 100_000), true), 3.0);
+        // Between points, linear in log(bytes): 10 000 bytes lie halfway from 1 000 to 100 000
+        // (the 50 000-byte point is a shape of its own, but counts as a point too): between
+        // 1 000 (0.5) and 50 000 (3.0), at ln(10)/ln(50) of the way.
+        let f = 10f64.ln() / 50f64.ln();
+        let r = c.product_gb_s(&m(100, 100, 10_000), false);
+        assert!((r - (0.5 + f * 2.5)).abs() < 1e-12, "{r}");
+        // Outside: held at the ends.
+        assert_eq!(c.product_gb_s(&m(10, 10, 10), false), 0.5);
+        assert_eq!(c.product_gb_s(&m(9000, 9000, 1 << 30), false), 1.5);
+        // A type without points: the per-type rate, else the slowest measured type.
+        assert_eq!(c.product_gb_s(&mat("Q8_0", 5), false), 2.0);
+        assert_eq!(c.product_gb_s(&mat("Q6_K", 5), false), 1.0);
+        // Seconds: 1 MB at 1 GB/s + 2 MB of Q8_0 at 2 GB/s.
+        let s = c.products_s(&[mat("Q4_1", 1_000_000), mat("Q8_0", 2_000_000)], false);
+        assert!((s - 2e-3).abs() < 1e-15, "{s}");
+    }
+}
