@@ -10,30 +10,10 @@ use crate::gpu::{Defines, GpuContext};
 /// Device bytes of one matrix dispatch's parameters.
 pub const MATMUL_PARAMS_BYTES: u64 = std::mem::size_of::<MatmulParams>() as u64;
 
-fn type_flag(ty: GgmlType) -> &'static str {
-    match ty {
-        GgmlType::F32 => "F32",
-        GgmlType::F16 => "F16",
-        GgmlType::BF16 => "BF16",
-        GgmlType::Q4_0 => "Q4_0",
-        GgmlType::Q4_1 => "Q4_1",
-        GgmlType::Q8_0 => "Q8_0",
-        GgmlType::Q5_0 => "Q5_0",
-        GgmlType::Q5_1 => "Q5_1",
-        GgmlType::Q2_K => "Q2_K",
-        GgmlType::Q3_K => "Q3_K",
-        GgmlType::Q4_K => "Q4_K",
-        GgmlType::Q5_K => "Q5_K",
-        GgmlType::Q6_K => "Q6_K",
-        GgmlType::IQ4_NL => "IQ4_NL",
-        GgmlType::IQ4_XS => "IQ4_XS",
-    }
-}
-
 /// The matrix kernel's defines that select the weight type: its name, plus `EXT` for the types
 /// decoded in `shaders/matmul_quant.wgsl` and `SUPER` for the 256-weight super-block types.
 pub fn weight_type_defines(ty: GgmlType) -> Defines {
-    let mut d = Defines::new().flag(type_flag(ty));
+    let mut d = Defines::new().flag(ty.name());
     if ty.is_quantized() && !matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0) {
         d = d.flag("EXT");
         if ty.block_len() > 32 {
@@ -117,17 +97,7 @@ pub fn matmul_gated(
     io: MatmulIo,
     act: Gate,
 ) -> Result<Vec<Dispatch>, KernelError> {
-    if wg.ty != wu.ty
-        || wg.rows != wu.rows
-        || wg.cols != wu.cols
-        || wg.parts.len() != wu.parts.len()
-    {
-        return Err(KernelError::Shape {
-            kernel: "matmul_swiglu",
-            problem: "gate and up weights differ in type or shape".into(),
-        });
-    }
-    matmul_impl(ctx, step, wg, Some((wu, act)), None, x, y, io)
+    matmul_normed(ctx, step, wg, Some((wu, act)), None, x, y, io)
 }
 
 /// The activation of a gated product: `act(W X) * (W2 X)`.
