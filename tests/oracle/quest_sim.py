@@ -12,6 +12,8 @@ in the recent window (p + win > the row's page) or among the kept candidates
   mass        rank by the sum over heads of exp(scale (bound - the head's best bound))
   subN...     bounds from N-token sub-pages (page bound: the best sub-page)
   cent[W]...  W x centroid score + (1 - W) x bound
+  rrkv, rrq   each KV head's (rrkv) or query head's (rrq) own mass ranking, merged round robin
+              into one selection of the same size
   ...perkv    each KV head selects its own pages (reads their union)
   ...massall  mass relative to the best bound including the sink and window; ...T<x> scales it
   oracle      rank by the true attention mass of each page (sum over heads of its softmax share,
@@ -132,6 +134,26 @@ def select_mask(variant, q, K, first, T):
                 mask_pages[r, kvh, always] = True
                 mask_pages[r, kvh, [cand[i] for i in order]] = True
             sel_count += mask_pages[r].any(0).sum()
+            continue
+        if variant.startswith("rr") and len(cand):
+            # round robin over groups of heads: each group's ranking by its own mass, merged
+            # level by level into `keep` pages (the bytes of one shared selection)
+            grp = G if variant.startswith("rrkv") else 1
+            z = sc[r, cand] * m.scale
+            z = z - z.max(0, keepdims=True)
+            ranks = []
+            for g0 in range(0, H, grp):
+                ps = np.exp(z[:, g0:g0 + grp]).sum(1)
+                ranks.append(sorted(range(len(cand)), key=lambda i: (-ps[i], cand[i])))
+            chosen, seen, lvl = [], set(), 0
+            while len(chosen) < keep:
+                for rk in ranks:
+                    if rk[lvl] not in seen and len(chosen) < keep:
+                        seen.add(rk[lvl]); chosen.append(rk[lvl])
+                lvl += 1
+            mask_pages[r, always] = True
+            mask_pages[r, [cand[i] for i in chosen]] = True
+            sel_count += mask_pages[r].sum()
             continue
         s = sc[r, cand]  # [nc, H]
         if len(cand) and "norm" in variant:
