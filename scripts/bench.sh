@@ -26,7 +26,7 @@ cargo build --release
 mkdir -p bench-out
 B=./target/release/flashlm
 want=("$@")
-[ ${#want[@]} -eq 0 ] && want=(calibrate resident io stream kv types s3 batch summary)
+[ ${#want[@]} -eq 0 ] && want=(calibrate resident layouts io stream kv types s3 batch summary)
 machine() {
   echo "Machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo) RAM, $(uname -m); $($B --list-adapters 2>/dev/null | head -1); $(date -u +%Y-%m-%d)"
 }
@@ -50,6 +50,7 @@ for w in "${want[@]}"; do
   fi
   case "$w" in
     resident) cmd=($B bench resident --runs 5 --json bench-out/resident.json) ;;
+    layouts)  cmd=($B bench layouts --rounds 9 --json bench-out/layouts.json) ;;
     io)       cmd=($B bench io --bytes 64MiB --json bench-out/io.json --plot bench-out/io.svg) ;;
     stream)   cmd=($B bench stream --io direct --runs 3 --json bench-out/stream.json) ;;
     kv)       cmd=($B bench kv --io direct --runs 3 ${KV_FLAGS:-} --json bench-out/kv.json) ;;
@@ -60,7 +61,7 @@ for w in "${want[@]}"; do
     calibrate) cmd=($B calibrate) ;;
     compare)  cmd=(scripts/compare-decode.sh "${OLD_FLASHLM:?set OLD_FLASHLM to the older binary}" "$B" 7) ;;
     llamacpp) cmd=(scripts/compare-llamacpp.sh "${LLAMA_BENCH:?set LLAMA_BENCH to llama-bench}" 3) ;;
-    *) echo "unknown benchmark $w (calibrate, resident, io, stream, kv, types, s3, batch, summary, compare, llamacpp)" >&2; exit 2 ;;
+    *) echo "unknown benchmark $w (calibrate, resident, layouts, io, stream, kv, types, s3, batch, summary, compare, llamacpp)" >&2; exit 2 ;;
   esac
   echo "## $w: ${cmd[*]}" >&2
   {

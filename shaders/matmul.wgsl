@@ -31,6 +31,10 @@
 // reads X as vec4s. With SHARE_X as well (8-wide subgroups) each lane of a subgroup loads one
 // vec4 of the block's 32 X values and subgroup broadcasts hand them to the other lanes, so a
 // block costs one X load per lane and token instead of eight.
+//
+// ROWS (BLOCKS, TT = 1, 32-weight blocks) with RPL (2 to 4): the workgroup's ROWS_PER_WG rows
+// are walked by ROWS_PER_WG / RPL threads, RPL rows each (WG apart), so one X load serves RPL
+// rows, and each block's sum is d (q . x) + m (sum of x), with the sum of x shared by the rows.
 
 struct Params {
     rows: u32,
@@ -110,7 +114,11 @@ fn begin(wx: u32) -> u32 {
 #endif
 }
 
+#ifdef ROWS
+const WG: u32 = ROWS_PER_WG / RPL;
+#else
 const WG: u32 = ROWS_PER_WG * TPR;
+#endif
 
 #ifdef REDUCE
 var<workgroup> red: array<f32, WG * TT>;

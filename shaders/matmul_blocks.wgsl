@@ -51,10 +51,18 @@ fn shifted(odd: bool, w0: u32, w1: u32) -> u32 {
 }
 
 #ifndef SUPER
-// Block k of the row at byte offset rb of weight s.
-fn load_block(s: u32, rb: u32, k: u32) -> Blk {
+// A block as its quantized values q (as floats) and the d and m that give its weights,
+// w = q * d + m, so that a dot product with X is d (q . x) + m (sum of x).
+struct Raw {
+    q: Blk,
+    d: f32,
+    m: f32,
+}
+
+// Block k of the row at byte offset rb of weight s, undecoded.
+fn load_raw(s: u32, rb: u32, k: u32) -> Raw {
 #ifdef EXT
-    return ext_block(s, rb, k);
+    return Raw(ext_block(s, rb, k), 1.0, 0.0);
 #else
     let b = rb + k * BLOCK_BYTES;
     let i = b >> 2u;
@@ -65,10 +73,7 @@ fn load_block(s: u32, rb: u32, k: u32) -> Blk {
     let q1 = word(s, i + 2u);
     let q2 = word(s, i + 3u);
     let q3 = word(s, i + 4u);
-    return Blk(
-        lo4(q0) * dm.x + dm.y, lo4(q1) * dm.x + dm.y, lo4(q2) * dm.x + dm.y, lo4(q3) * dm.x + dm.y,
-        hi4(q0) * dm.x + dm.y, hi4(q1) * dm.x + dm.y, hi4(q2) * dm.x + dm.y, hi4(q3) * dm.x + dm.y
-    );
+    return Raw(Blk(lo4(q0), lo4(q1), lo4(q2), lo4(q3), hi4(q0), hi4(q1), hi4(q2), hi4(q3)), dm.x, dm.y);
 #endif
 #ifdef Q4_0
     // f16 d, 16 bytes as in Q4_1; w = d * (q - 8). Blocks start at even bytes: the five words
@@ -84,10 +89,7 @@ fn load_block(s: u32, rb: u32, k: u32) -> Blk {
     let q1 = shifted(odd, w1, w2);
     let q2 = shifted(odd, w2, w3);
     let q3 = shifted(odd, w3, w4);
-    return Blk(
-        (lo4(q0) - 8.0) * d, (lo4(q1) - 8.0) * d, (lo4(q2) - 8.0) * d, (lo4(q3) - 8.0) * d,
-        (hi4(q0) - 8.0) * d, (hi4(q1) - 8.0) * d, (hi4(q2) - 8.0) * d, (hi4(q3) - 8.0) * d
-    );
+    return Raw(Blk(lo4(q0), lo4(q1), lo4(q2), lo4(q3), hi4(q0), hi4(q1), hi4(q2), hi4(q3)), d, -8.0 * d);
 #endif
 #ifdef Q8_0
     // f16 d, 32 signed bytes; w = d * q. Nine words from word i hold the block.
@@ -102,17 +104,35 @@ fn load_block(s: u32, rb: u32, k: u32) -> Blk {
     let w7 = word(s, i + 7u);
     let w8 = word(s, i + 8u);
     let d = unpack2x16float(select(w0, w0 >> 16u, odd)).x;
-    return Blk(
-        vec4<f32>(unpack4xI8(shifted(odd, w0, w1))) * d,
-        vec4<f32>(unpack4xI8(shifted(odd, w1, w2))) * d,
-        vec4<f32>(unpack4xI8(shifted(odd, w2, w3))) * d,
-        vec4<f32>(unpack4xI8(shifted(odd, w3, w4))) * d,
-        vec4<f32>(unpack4xI8(shifted(odd, w4, w5))) * d,
-        vec4<f32>(unpack4xI8(shifted(odd, w5, w6))) * d,
-        vec4<f32>(unpack4xI8(shifted(odd, w6, w7))) * d,
-        vec4<f32>(unpack4xI8(shifted(odd, w7, w8))) * d
+    return Raw(
+        Blk(
+            vec4<f32>(unpack4xI8(shifted(odd, w0, w1))),
+            vec4<f32>(unpack4xI8(shifted(odd, w1, w2))),
+            vec4<f32>(unpack4xI8(shifted(odd, w2, w3))),
+            vec4<f32>(unpack4xI8(shifted(odd, w3, w4))),
+            vec4<f32>(unpack4xI8(shifted(odd, w4, w5))),
+            vec4<f32>(unpack4xI8(shifted(odd, w5, w6))),
+            vec4<f32>(unpack4xI8(shifted(odd, w6, w7))),
+            vec4<f32>(unpack4xI8(shifted(odd, w7, w8)))
+        ),
+        d,
+        0.0
     );
 #endif
+#endif
+}
+
+// Block k of the row at byte offset rb of weight s, decoded.
+fn load_block(s: u32, rb: u32, k: u32) -> Blk {
+#ifdef EXT
+    return ext_block(s, rb, k);
+#else
+    let r = load_raw(s, rb, k);
+    let q = r.q;
+    return Blk(
+        q.a0 * r.d + r.m, q.a1 * r.d + r.m, q.a2 * r.d + r.m, q.a3 * r.d + r.m,
+        q.a4 * r.d + r.m, q.a5 * r.d + r.m, q.a6 * r.d + r.m, q.a7 * r.d + r.m
+    );
 #endif
 }
 #endif
@@ -175,16 +195,109 @@ fn main(
     // One call per segment with its weight as a constant, so each reads one binding without a
     // branch per load (the segment is the same for the whole workgroup).
     if (seg == 0u) {
-        blocks(0u, r, wid.y, lane);
+        walk(0u, r, wid.y, lane);
     } else if (seg == 1u) {
-        blocks(1u, r, wid.y, lane);
+        walk(1u, r, wid.y, lane);
     } else {
-        blocks(2u, r, wid.y, lane);
+        walk(2u, r, wid.y, lane);
     }
 #else
-    blocks(0u, r, wid.y, lane);
+    walk(0u, r, wid.y, lane);
 #endif
 }
+
+fn walk(ws: u32, r: u32, ty: u32, lane: u32) {
+#ifdef ROWS
+    rows(ws, r, ty, lane);
+#else
+    blocks(ws, r, ty, lane);
+#endif
+}
+
+#ifdef ROWS
+// W x for block k of the row at byte rb of weight s, given the sum xs of the block's X.
+fn raw_dot(s: u32, rb: u32, k: u32, xb: Xb, xs: f32) -> f32 {
+    let r = load_raw(s, rb, k);
+    return r.d * dot_block(r.q, xb) + r.m * xs;
+}
+
+// Block k's sums (W x, W2 x) for the row at byte rb (rb2 of W2).
+fn pair(ws: u32, rb: u32, rb2: u32, k: u32, xb: Xb, xs: f32) -> vec2<f32> {
+#ifdef SWIGLU
+    return vec2<f32>(raw_dot(ws, rb, k, xb, xs), raw_dot(1u, rb2, k, xb, xs));
+#else
+    return vec2<f32>(raw_dot(ws, rb, k, xb, xs), 0.0);
+#endif
+}
+
+// The sum of a block's X values (what the m of every row's block multiplies).
+fn x_sum(xb: Xb) -> f32 {
+    let o = vec4<f32>(1.0);
+    return dot(xb.v0 + xb.v1 + xb.v2 + xb.v3 + xb.v4 + xb.v5 + xb.v6 + xb.v7, o);
+}
+
+// Decode (TT = 1, blocks of 32 weights) with RPL rows a thread (2 to 4): rows r, r + WG, ...
+// of the workgroup's, so that each X (and norm weight) load serves RPL rows. On CPU rasterizers
+// a load costs per lane and word, and X had cost nearly as many words per block as the weights.
+fn rows(ws: u32, r: u32, t: u32, lane: u32) {
+    let n_tok = select(step.n_tokens, p.n_tokens, p.n_tokens != 0u);
+    let lr = seg_rows - 1u;
+    let ra = row_byte(ws, min(r, lr));
+    let rb = row_byte(ws, min(r + WG, lr));
+    let rc = row_byte(ws, min(r + 2u * WG, lr));
+    let rd = row_byte(ws, min(r + 3u * WG, lr));
+    let ra2 = row_byte(1u, min(r, lr));
+    let rb2 = row_byte(1u, min(r + WG, lr));
+    let rc2 = row_byte(1u, min(r + 2u * WG, lr));
+    let rd2 = row_byte(1u, min(r + 3u * WG, lr));
+    let x0 = (p.x_offset >> 2u) + min(t, n_tok - 1u) * (p.x_stride >> 2u);
+    var sa = vec2<f32>(0.0);
+    var sb = vec2<f32>(0.0);
+    var sc = vec2<f32>(0.0);
+    var sd = vec2<f32>(0.0);
+    var q = 0.0;
+    let n_blocks = p.cols / 32u;
+    for (var k = 0u; k < n_blocks; k++) {
+        let c = k * 8u;
+#ifdef NORM
+        let g = nw4[c + lane];
+#else
+        let g = vec4<f32>(1.0);
+#endif
+        let xb = x_block(x0 + c, lane, g, &q);
+        let xs = x_sum(xb);
+        sa += pair(ws, ra, ra2, k, xb, xs);
+        if (RPL > 1u) {
+            sb += pair(ws, rb, rb2, k, xb, xs);
+        }
+        if (RPL > 2u) {
+            sc += pair(ws, rc, rc2, k, xb, xs);
+        }
+        if (RPL > 3u) {
+            sd += pair(ws, rd, rd2, k, xb, xs);
+        }
+    }
+#ifdef NORM
+    let f = 1.0 / sqrt(subgroupAdd(q) / f32(p.cols) + bitcast<f32>(p.eps));
+    sa *= f;
+    sb *= f;
+    sc *= f;
+    sd *= f;
+#endif
+    if (r < seg_rows) {
+        emit(t, n_tok, r, sa);
+    }
+    if (RPL > 1u && r + WG < seg_rows) {
+        emit(t, n_tok, r + WG, sb);
+    }
+    if (RPL > 2u && r + 2u * WG < seg_rows) {
+        emit(t, n_tok, r + 2u * WG, sc);
+    }
+    if (RPL > 3u && r + 3u * WG < seg_rows) {
+        emit(t, n_tok, r + 3u * WG, sd);
+    }
+}
+#endif
 
 // Rows r of weight ws (0: W; MULTI: the segment's weight) for the token tile ty.
 fn blocks(ws: u32, r: u32, ty: u32, lane: u32) {

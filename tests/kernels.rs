@@ -9,6 +9,16 @@ mod common;
 use common::Rng;
 use flashlm::gguf::{GgmlType, quant};
 use flashlm::gpu::{GpuContext, MatmulLayout};
+
+/// The CPU layout with one row a thread in decode, and with four.
+const ROWS1: MatmulLayout = MatmulLayout {
+    rows_per_lane: 1,
+    ..MatmulLayout::CPU
+};
+const ROWS4: MatmulLayout = MatmulLayout {
+    rows_per_lane: 4,
+    ..MatmulLayout::CPU
+};
 use flashlm::kernels::{self, MatmulIo, Step};
 use flashlm::model::config::RopeStyle;
 use flashlm::model::reference::ops;
@@ -94,6 +104,8 @@ fn matmul_every_type_odd_sizes() {
             (t, MatmulLayout::CPU),
             (t, MatmulLayout::CPU_PLAIN),
             (t, MatmulLayout::GPU),
+            (t, ROWS1),
+            (t, ROWS4),
         ]
     }) {
         ctx.matmul_layout = layout;
@@ -154,6 +166,8 @@ fn matmul_swiglu_matches_reference() {
                 (t, MatmulLayout::CPU),
                 (t, MatmulLayout::CPU_PLAIN),
                 (t, MatmulLayout::GPU),
+                (t, ROWS1),
+                (t, ROWS4),
             ]
         })
     {

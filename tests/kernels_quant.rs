@@ -30,10 +30,20 @@ const TYPES: [GgmlType; 9] = [
     GgmlType::IQ4_XS,
 ];
 
-const LAYOUTS: [MatmulLayout; 3] = [
+/// The layouts of each adapter class, and the CPU layout with one and with four rows a thread
+/// in decode.
+const LAYOUTS: [MatmulLayout; 5] = [
     MatmulLayout::CPU,
     MatmulLayout::CPU_PLAIN,
     MatmulLayout::GPU,
+    MatmulLayout {
+        rows_per_lane: 1,
+        ..MatmulLayout::CPU
+    },
+    MatmulLayout {
+        rows_per_lane: 4,
+        ..MatmulLayout::CPU
+    },
 ];
 
 /// Byte offsets of a block's f16 fields (scales and mins).

@@ -5,6 +5,7 @@ pub mod batch;
 pub mod calibrate;
 pub mod io;
 pub mod kv;
+pub mod layouts;
 pub mod s3;
 pub mod summary;
 pub mod types;

@@ -71,6 +71,22 @@ pub fn bench(cli: &Cli, b: &BenchArgs) -> CliResult<()> {
             }
             Ok(())
         }
+        BenchKind::Layouts {
+            model,
+            rounds,
+            json,
+        } => {
+            let path = resolve_model(&model.model)?;
+            let m = load_model(&path)?;
+            let opts = engine_options(cli, model, m.cfg.n_layers)?;
+            let report = crate::bench::layouts::run(m.gguf.clone(), &opts, *rounds)?;
+            println!("{}", report.to_markdown());
+            if let Some(j) = json {
+                std::fs::write(j, serde_json::to_string_pretty(&report)?)
+                    .map_err(|e| format!("writing {}: {e}", j.display()))?;
+            }
+            Ok(())
+        }
         BenchKind::Io {
             model,
             bytes,

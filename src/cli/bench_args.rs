@@ -170,6 +170,18 @@ pub enum BenchKind {
         #[arg(long)]
         json: Option<PathBuf>,
     },
+    /// The matrix kernels' thread-to-row layouts for this adapter's class, side by side in one
+    /// process: GB/s of every kind of decode product per layout, the default marked.
+    Layouts {
+        #[command(flatten)]
+        model: ModelArgs,
+        /// Rounds (each times every layout once in turn; medians are reported).
+        #[arg(long, default_value = "9", value_parser = parse_runs)]
+        rounds: usize,
+        /// Write the figures as JSON.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
     /// One table of the performance model's predicted ms/token (and TTFT) against the measured
     /// figures for every scenario (resident, S1, half-model, S2, S3), from the JSON files the
     /// other bench commands wrote; a missing file or field reads "not measured".

@@ -235,6 +235,15 @@ pub(super) fn matmul_defines(
         if layout.share_x && ctx.subgroups8 && layout.rows_per_wg.is_multiple_of(8) {
             defines = defines.flag("SHARE_X");
         }
+        // Decode with several rows a thread: whole subgroups of threads, at most 4 rows each.
+        let rpl = layout.rows_per_lane;
+        if tt == 1
+            && ty.block_len() == 32
+            && (2..=4).contains(&rpl)
+            && layout.rows_per_wg.is_multiple_of(rpl * 8)
+        {
+            defines = defines.flag("ROWS").val("RPL", format!("{rpl}u"));
+        }
     }
     if matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) && !cols.is_multiple_of(8) {
         defines = defines.flag("RAGGED");

@@ -1,0 +1,217 @@
+//! `bench layouts`: the matrix kernels' thread-to-row layouts for this adapter's class, side by
+//! side in one process. One resident engine per layout; every round times one pass of each
+//! kind of decode product on every engine in turn, so the machine's drift falls on all of them
+//! alike. The layout the engine picks by default is marked.
+
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use super::median;
+use crate::engine::{Engine, EngineOptions};
+use crate::gguf::GgufFile;
+use crate::gpu::MatmulLayout;
+
+/// The kinds of decode product a pass runs, by their dispatch labels; "all" is every product.
+const KINDS: [(&str, &str); 5] = [
+    ("gated FFN", "matmul gated"),
+    ("+residual", "matmul +residual"),
+    ("QKV", "matmul qkv"),
+    ("output head", "matmul head"),
+    ("other", "matmul"),
+];
+
+/// Passes of the products per timed submission.
+const REPS: usize = 4;
+
+/// One layout's figures.
+#[derive(Debug, Clone, Serialize)]
+pub struct LayoutRow {
+    pub layout: String,
+    pub default: bool,
+    /// GB/s of weight bytes per kind of product (None: the model has no such product), in
+    /// the order of [`KINDS`].
+    pub kinds_gb_s: Vec<Option<f64>>,
+    /// GB/s over every decode product.
+    pub all_gb_s: f64,
+    /// `all_gb_s` over the first layout's (the reference) in the same rounds.
+    pub vs_first: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct LayoutsReport {
+    pub adapter: String,
+    pub adapter_class: String,
+    pub rounds: usize,
+    pub rows: Vec<LayoutRow>,
+}
+
+/// The layout's name as the table shows it.
+fn describe(l: &MatmulLayout) -> String {
+    if l.tpr > 1 {
+        format!(
+            "{} rows a workgroup, {} threads a row",
+            l.rows_per_wg, l.tpr
+        )
+    } else {
+        format!(
+            "{} rows a workgroup, {} a thread in decode{}",
+            l.rows_per_wg,
+            l.rows_per_lane,
+            if l.share_x {
+                ", X shared by subgroups"
+            } else {
+                ""
+            }
+        )
+    }
+}
+
+/// The layouts worth comparing on an adapter of this class, the reference first.
+pub fn candidates(cpu: bool) -> Vec<MatmulLayout> {
+    if cpu {
+        [1, 2, 4]
+            .into_iter()
+            .map(|r| MatmulLayout {
+                rows_per_lane: r,
+                ..MatmulLayout::CPU
+            })
+            .collect()
+    } else {
+        vec![
+            MatmulLayout::GPU,
+            MatmulLayout {
+                rows_per_wg: 8,
+                tpr: 8,
+                ..MatmulLayout::GPU
+            },
+        ]
+    }
+}
+
+/// Times every candidate layout over `rounds` rounds.
+pub fn run(
+    gguf: Arc<GgufFile>,
+    opts: &EngineOptions,
+    rounds: usize,
+) -> Result<LayoutsReport, Box<dyn std::error::Error>> {
+    let base = Engine::new(gguf.clone(), opts)?;
+    let cpu = base.ctx.info.device_type == wgpu::DeviceType::Cpu;
+    let chosen = base.ctx.matmul_layout;
+    let adapter = base.ctx.info.name.clone();
+    let layouts = candidates(cpu);
+    let mut base = Some(base);
+    let mut engines = Vec::new();
+    for (i, l) in layouts.iter().enumerate() {
+        eprintln!("layout {}: {}", i + 1, describe(l));
+        if *l == chosen
+            && let Some(e) = base.take()
+        {
+            engines.push(e);
+            continue;
+        }
+        let mut o = opts.clone();
+        o.gpu.matmul_layout = Some(*l);
+        engines.push(Engine::new(gguf.clone(), &o)?);
+    }
+    drop(base);
+    // Which kinds this model's pass has.
+    let mut present = Vec::new();
+    for (_, label) in KINDS {
+        let (_, b) = engines[0].time_matvecs_where(1, |l| l == label)?;
+        present.push(b > 0);
+    }
+    let mut all: Vec<Vec<f64>> = vec![Vec::new(); engines.len()];
+    let mut per: Vec<Vec<Vec<f64>>> = vec![vec![Vec::new(); KINDS.len()]; engines.len()];
+    let mut ratio: Vec<Vec<f64>> = vec![Vec::new(); engines.len()];
+    for e in engines.iter_mut() {
+        e.time_matvecs(1)?;
+    }
+    for r in 0..rounds {
+        let mut round_all = Vec::new();
+        for (i, e) in engines.iter_mut().enumerate() {
+            let (t, b) = e.time_matvecs_where(REPS, |_| true)?;
+            let g = (b * REPS as u64) as f64 / t / 1e9;
+            all[i].push(g);
+            round_all.push(g);
+            for (k, (_, label)) in KINDS.iter().enumerate() {
+                if present[k] {
+                    let (t, b) = e.time_matvecs_where(REPS, |l| l == *label)?;
+                    per[i][k].push((b * REPS as u64) as f64 / t / 1e9);
+                }
+            }
+        }
+        for (i, g) in round_all.iter().enumerate() {
+            ratio[i].push(g / round_all[0].max(1e-12));
+        }
+        eprintln!("round {}/{rounds} done", r + 1);
+    }
+    let rows = layouts
+        .iter()
+        .enumerate()
+        .map(|(i, l)| LayoutRow {
+            layout: describe(l),
+            default: *l == chosen,
+            kinds_gb_s: (0..KINDS.len())
+                .map(|k| present[k].then(|| median(&mut per[i][k])))
+                .collect(),
+            all_gb_s: median(&mut all[i]),
+            vs_first: median(&mut ratio[i]),
+        })
+        .collect();
+    Ok(LayoutsReport {
+        adapter,
+        adapter_class: if cpu { "CPU rasterizer" } else { "GPU" }.into(),
+        rounds,
+        rows,
+    })
+}
+
+impl LayoutsReport {
+    pub fn to_markdown(&self) -> String {
+        let mut s = format!(
+            "adapter {} ({}); {} rounds, each timing {REPS} passes of every kind of decode \
+             product on every layout in turn; GB/s of weight bytes, medians over the rounds; \
+             \"x first\" is the median of the rounds' ratios to the first layout\n\n",
+            self.adapter, self.adapter_class, self.rounds
+        );
+        s += "| layout | default |";
+        for (name, _) in KINDS {
+            s += &format!(" {name} |");
+        }
+        s += " all products | x first |\n|---|---|";
+        for _ in KINDS {
+            s += "---|";
+        }
+        s += "---|---|\n";
+        for r in &self.rows {
+            s += &format!("| {} | {} |", r.layout, if r.default { "yes" } else { "" });
+            for k in &r.kinds_gb_s {
+                match k {
+                    Some(g) => s += &format!(" {g:.3} |"),
+                    None => s += " - |",
+                }
+            }
+            s += &format!(" {:.3} | {:.2} |\n", r.all_gb_s, r.vs_first);
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn candidates_put_the_reference_first_and_include_the_defaults() {
+        let cpu = candidates(true);
+        assert_eq!(cpu[0].rows_per_lane, 1);
+        assert!(cpu.contains(&MatmulLayout::CPU));
+        let gpu = candidates(false);
+        assert_eq!(gpu[0], MatmulLayout::GPU);
+        for l in cpu.iter().chain(&gpu) {
+            assert!(l.rows_per_wg >= crate::kernels::MM_ROWS_PER_WG);
+            assert!(l.tpr == 1 || l.tpr >= crate::kernels::MM_PREFILL_TT);
+        }
+    }
+}
