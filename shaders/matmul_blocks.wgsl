@@ -137,6 +137,15 @@ fn load_block(s: u32, rb: u32, k: u32) -> Blk {
 }
 #endif
 
+// The norm weights of this lane's vec4 of the block at vec4 index c (NORM; else ones).
+fn norm_w(c: u32, lane: u32) -> vec4<f32> {
+#ifdef NORM
+    return nw4[c + lane];
+#else
+    return vec4<f32>(1.0);
+#endif
+}
+
 // The block's X values starting at vec4 index i (NORM: times the norm weights g of this lane's
 // vec4, adding the squares of the values to *ss).
 fn x_block(i: u32, lane: u32, g: vec4<f32>, ss: ptr<function, f32>) -> Xb {
@@ -259,11 +268,7 @@ fn rows(ws: u32, r: u32, t: u32, lane: u32) {
     let n_blocks = p.cols / 32u;
     for (var k = 0u; k < n_blocks; k++) {
         let c = k * 8u;
-#ifdef NORM
-        let g = nw4[c + lane];
-#else
-        let g = vec4<f32>(1.0);
-#endif
+        let g = norm_w(c, lane);
         let xb = x_block(x0 + c, lane, g, &q);
         let xs = x_sum(xb);
         sa += pair(ws, ra, ra2, k, xb, xs);
@@ -363,11 +368,7 @@ fn blocks(ws: u32, r: u32, ty: u32, lane: u32) {
 #endif
 #endif
         let c = k * 8u;
-#ifdef NORM
-        let g = nw4[c + lane];
-#else
-        let g = vec4<f32>(1.0);
-#endif
+        let g = norm_w(c, lane);
         s0 += token(wb, wb2, x0 + c, lane, g, &q0);
         if (TT > 1u) {
             s1 += token(wb, wb2, x1 + c, lane, g, &q1);
