@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One-shot check on a machine with a real GPU (10 minutes of measuring after the build): kernel
-# tests, calibrate, bench resident, bench io, S1 and the half-model budget (bench stream), S2
-# (bench kv, short), bench batch, S3 if time is left; everything lands in one results folder,
-# with the adapter and the commit named. The build (and the test binaries) come first and are
-# not counted in the 10 minutes.
+# tests, calibrate, bench resident, bench layouts, bench io, S1 and the half-model budget
+# (bench stream), S2 (bench kv, short), bench batch, S3 if time is left; everything lands in
+# one results folder, with the adapter and the commit named. The build (and the test binaries)
+# come first and are not counted in the 10 minutes.
 #   scripts/gpu-check.sh [OUT_DIR]        # default: gpu-check-<date>
 # Set FLASHLM_MODEL to use another model; WGPU_ADAPTER_NAME / WGPU_BACKEND to pick the adapter.
 set -uo pipefail
@@ -43,6 +43,7 @@ CI=true step kernels 150 cargo test --release --test kernels --test kernels_quan
 # benchmarks below print predictions next to what they measure.
 step calibrate 60 $B calibrate
 step resident 60 $B bench resident --runs 3 --json "$out/resident.json"
+step layouts 60 $B bench layouts --rounds 5 --json "$out/layouts.json"
 step io 60 $B bench io --bytes 64MiB --json "$out/io.json" --plot "$out/io.svg"
 step stream 90 $B bench stream --io direct --runs 3 -n 24 --json "$out/stream.json"
 step kv 90 $B bench kv --io direct --runs 1 --prompt-tokens 2048 -n 16 --ppl-chunks 0 --page-sweep 64 --cache-share 0 --json "$out/kv.json"
