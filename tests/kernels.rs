@@ -9,16 +9,6 @@ mod common;
 use common::Rng;
 use flashlm::gguf::{GgmlType, quant};
 use flashlm::gpu::{GpuContext, MatmulLayout};
-
-/// The CPU layout with one row a thread in decode, and with four.
-const ROWS1: MatmulLayout = MatmulLayout {
-    rows_per_lane: 1,
-    ..MatmulLayout::CPU
-};
-const ROWS4: MatmulLayout = MatmulLayout {
-    rows_per_lane: 4,
-    ..MatmulLayout::CPU
-};
 use flashlm::kernels::{self, MatmulIo, Step};
 use flashlm::model::config::RopeStyle;
 use flashlm::model::reference::ops;
@@ -104,8 +94,8 @@ fn matmul_every_type_odd_sizes() {
             (t, MatmulLayout::CPU),
             (t, MatmulLayout::CPU_PLAIN),
             (t, MatmulLayout::GPU),
-            (t, ROWS1),
-            (t, ROWS4),
+            (t, common::CPU_ROW_WALKS[0]),
+            (t, common::CPU_ROW_WALKS[1]),
         ]
     }) {
         ctx.matmul_layout = layout;
@@ -166,8 +156,8 @@ fn matmul_swiglu_matches_reference() {
                 (t, MatmulLayout::CPU),
                 (t, MatmulLayout::CPU_PLAIN),
                 (t, MatmulLayout::GPU),
-                (t, ROWS1),
-                (t, ROWS4),
+                (t, common::CPU_ROW_WALKS[0]),
+                (t, common::CPU_ROW_WALKS[1]),
             ]
         })
     {

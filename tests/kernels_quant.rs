@@ -36,14 +36,8 @@ const LAYOUTS: [MatmulLayout; 5] = [
     MatmulLayout::CPU,
     MatmulLayout::CPU_PLAIN,
     MatmulLayout::GPU,
-    MatmulLayout {
-        rows_per_lane: 1,
-        ..MatmulLayout::CPU
-    },
-    MatmulLayout {
-        rows_per_lane: 4,
-        ..MatmulLayout::CPU
-    },
+    common::CPU_ROW_WALKS[0],
+    common::CPU_ROW_WALKS[1],
 ];
 
 /// Byte offsets of a block's f16 fields (scales and mins).

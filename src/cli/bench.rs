@@ -51,10 +51,7 @@ pub fn bench(cli: &Cli, b: &BenchArgs) -> CliResult<()> {
             }
             let report = crate::bench::stream(&m, &base, &scenarios, *prompt_tokens, *n, *runs)?;
             println!("{}", report.to_markdown());
-            if let Some(j) = json {
-                std::fs::write(j, serde_json::to_string_pretty(&report)?)?;
-            }
-            Ok(())
+            save_json(json.as_deref(), &report)
         }
         BenchKind::Resident { model, runs, json } => {
             let path = resolve_model(&model.model)?;
@@ -66,10 +63,7 @@ pub fn bench(cli: &Cli, b: &BenchArgs) -> CliResult<()> {
                 (*runs).max(1),
             )?;
             println!("{}", report.to_markdown());
-            if let Some(j) = json {
-                std::fs::write(j, serde_json::to_string_pretty(&report)?)?;
-            }
-            Ok(())
+            save_json(json.as_deref(), &report)
         }
         BenchKind::Layouts {
             model,
@@ -81,11 +75,7 @@ pub fn bench(cli: &Cli, b: &BenchArgs) -> CliResult<()> {
             let opts = engine_options(cli, model, m.cfg.n_layers)?;
             let report = crate::bench::layouts::run(m.gguf.clone(), &opts, *rounds)?;
             println!("{}", report.to_markdown());
-            if let Some(j) = json {
-                std::fs::write(j, serde_json::to_string_pretty(&report)?)
-                    .map_err(|e| format!("writing {}: {e}", j.display()))?;
-            }
-            Ok(())
+            save_json(json.as_deref(), &report)
         }
         BenchKind::Io {
             model,
@@ -107,10 +97,7 @@ pub fn bench(cli: &Cli, b: &BenchArgs) -> CliResult<()> {
                 }),
             })?;
             println!("{}", report.to_markdown());
-            if let Some(j) = json {
-                std::fs::write(j, serde_json::to_string_pretty(&report)?)
-                    .map_err(|e| format!("writing {}: {e}", j.display()))?;
-            }
+            save_json(json.as_deref(), &report)?;
             if let Some(p) = plot {
                 std::fs::write(p, report.to_svg())
                     .map_err(|e| format!("writing {}: {e}", p.display()))?;
@@ -148,11 +135,7 @@ pub fn bench(cli: &Cli, b: &BenchArgs) -> CliResult<()> {
             };
             let report = crate::bench::types::run(&base, &shape, &list, *runs)?;
             println!("{}", report.to_markdown());
-            if let Some(j) = json {
-                std::fs::write(j, serde_json::to_string_pretty(&report)?)
-                    .map_err(|e| format!("writing {}: {e}", j.display()))?;
-            }
-            Ok(())
+            save_json(json.as_deref(), &report)
         }
         BenchKind::Batch {
             model,
@@ -169,10 +152,7 @@ pub fn bench(cli: &Cli, b: &BenchArgs) -> CliResult<()> {
             }
             let report = crate::bench::batch::run(&m, &base, &opts)?;
             println!("{}", report.to_markdown());
-            if let Some(j) = json {
-                std::fs::write(j, serde_json::to_string_pretty(&report)?)
-                    .map_err(|e| format!("writing {}: {e}", j.display()))?;
-            }
+            save_json(json.as_deref(), &report)?;
             if !report.outputs_unchanged() {
                 return Err("bench batch: outputs NOT EQUAL to decoding alone / plain decoding (see the table)".into());
             }
@@ -181,11 +161,7 @@ pub fn bench(cli: &Cli, b: &BenchArgs) -> CliResult<()> {
         BenchKind::Summary { dir, json } => {
             let s = crate::bench::summary::load(dir);
             println!("{}", s.to_markdown());
-            if let Some(j) = json {
-                std::fs::write(j, serde_json::to_string_pretty(&s)?)
-                    .map_err(|e| format!("writing {}: {e}", j.display()))?;
-            }
-            Ok(())
+            save_json(json.as_deref(), &s)
         }
         BenchKind::S3 {
             model,
@@ -195,11 +171,7 @@ pub fn bench(cli: &Cli, b: &BenchArgs) -> CliResult<()> {
         } => {
             let report = crate::bench::s3::run(model.clone(), *runs, *n)?;
             println!("{}", report.to_markdown());
-            if let Some(j) = json {
-                std::fs::write(j, serde_json::to_string_pretty(&report)?)
-                    .map_err(|e| format!("writing {}: {e}", j.display()))?;
-            }
-            Ok(())
+            save_json(json.as_deref(), &report)
         }
         BenchKind::Kv {
             model,
@@ -233,11 +205,16 @@ pub fn bench(cli: &Cli, b: &BenchArgs) -> CliResult<()> {
                 cold_runs: *cold_runs,
             })?;
             println!("{}", report.to_markdown());
-            if let Some(j) = json {
-                std::fs::write(j, serde_json::to_string_pretty(&report)?)
-                    .map_err(|e| format!("writing {}: {e}", j.display()))?;
-            }
-            Ok(())
+            save_json(json.as_deref(), &report)
         }
     }
+}
+
+/// Writes `v` as pretty JSON to `path` when one is given.
+fn save_json(path: Option<&std::path::Path>, v: &impl serde::Serialize) -> CliResult<()> {
+    if let Some(j) = path {
+        std::fs::write(j, serde_json::to_string_pretty(v)?)
+            .map_err(|e| format!("writing {}: {e}", j.display()))?;
+    }
+    Ok(())
 }

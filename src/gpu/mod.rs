@@ -166,7 +166,7 @@ pub struct MatmulLayout {
     /// part of X and the lanes share it by subgroup broadcasts (ignored elsewhere).
     pub share_x: bool,
     /// Rows each thread walks in the decode products of 32-weight blocks (1: one row a
-    /// thread); a workgroup then covers `rows_per_wg * rows_per_lane` rows.
+    /// thread); a workgroup still covers `rows_per_wg` rows, with that many fewer threads.
     pub rows_per_lane: u32,
 }
 
@@ -184,9 +184,8 @@ impl MatmulLayout {
     /// alone on lavapipe: 1.9-2.0 GB/s of weights with 8 rows per workgroup, 2.1-2.2 GB/s with
     /// 64), and splitting a row across lanes was twice as slow (X is then gathered per lane
     /// instead of shared). In decode 32 threads walk the 64 rows, two each, so that each load
-    /// of X and of the norm weights serves two rows (`bench layouts` on lavapipe: the default
-    /// model's decode products 1.08x as fast as with one row a thread, four rows a thread
-    /// 1.07x, side by side).
+    /// of X and of the norm weights serves two rows (`bench layouts` times one, two and four
+    /// side by side; BENCHMARKS §1 has the figures).
     pub const CPU: Self = Self {
         rows_per_wg: 64,
         tpr: 1,

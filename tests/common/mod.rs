@@ -3,6 +3,21 @@
 
 use std::path::PathBuf;
 
+use flashlm::gpu::MatmulLayout;
+
+/// The CPU layout with one row a thread in decode and with four (the default walks two), so
+/// the kernel tests cover every decode walk.
+pub const CPU_ROW_WALKS: [MatmulLayout; 2] = [
+    MatmulLayout {
+        rows_per_lane: 1,
+        ..MatmulLayout::CPU
+    },
+    MatmulLayout {
+        rows_per_lane: 4,
+        ..MatmulLayout::CPU
+    },
+];
+
 /// True when running under CI (`CI=true`): missing prerequisites fail instead of skipping.
 pub fn in_ci() -> bool {
     std::env::var("CI")
