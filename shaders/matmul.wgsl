@@ -32,9 +32,15 @@
 // vec4 of the block's 32 X values and subgroup broadcasts hand them to the other lanes, so a
 // block costs one X load per lane and token instead of eight.
 //
-// ROWS (BLOCKS, TT = 1, 32-weight blocks) with RPL (2 to 4): the workgroup's ROWS_PER_WG rows
-// are walked by ROWS_PER_WG / RPL threads, RPL rows each (WG apart), so one X load serves RPL
-// rows, and each block's sum is d (q . x) + m (sum of x), with the sum of x shared by the rows.
+// ROWS (BLOCKS, TT = 1, 32-weight blocks) with RPL (2 to 4; 1 with WIDE): the workgroup's
+// ROWS_PER_WG rows are walked by ROWS_PER_WG / RPL threads, RPL rows each (WG apart), so one X
+// load serves RPL rows, and each block's sum is d (q . x) + m (sum of x), with the sum of x shared by the rows.
+//
+// WIDE (ROWS, Q4_1): weights are bound as vec4s and each row is read as a stream of them,
+// one vec4 load per 4 words as the blocks need them (5 per 4 blocks), shifted into place by
+// the row start's word within its vec4 (RA: the multiple of words every row start is); a row's
+// last (blocks mod 4) blocks are read as words. On CPU rasterizers a load costs per lane
+// whatever its width.
 
 struct Params {
     rows: u32,
@@ -51,8 +57,15 @@ struct Params {
     eps: u32,
 }
 
+// The unit of a weight load: a word, or (WIDE) four words at once.
+#ifdef WIDE
+alias Wv = vec4<u32>;
+#else
+alias Wv = u32;
+#endif
+
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(2) var<storage, read> w: array<u32>;
+@group(0) @binding(2) var<storage, read> w: array<Wv>;
 #ifdef BLOCKS
 @group(0) @binding(3) var<storage, read> x4: array<vec4<f32>>;
 #else
@@ -60,7 +73,7 @@ struct Params {
 #endif
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
 #ifdef SWIGLU
-@group(0) @binding(5) var<storage, read> w2: array<u32>;
+@group(0) @binding(5) var<storage, read> w2: array<Wv>;
 #endif
 #ifdef NORM
 @group(0) @binding(10) var<storage, read> nw4: array<vec4<f32>>;
@@ -74,8 +87,8 @@ struct Segs {
     y_stride: vec4<u32>,
     y_offset: vec4<u32>,
 }
-@group(0) @binding(5) var<storage, read> w2: array<u32>;
-@group(0) @binding(6) var<storage, read> w3: array<u32>;
+@group(0) @binding(5) var<storage, read> w2: array<Wv>;
+@group(0) @binding(6) var<storage, read> w3: array<Wv>;
 @group(0) @binding(7) var<storage, read_write> y2: array<f32>;
 @group(0) @binding(8) var<storage, read_write> y3: array<f32>;
 @group(0) @binding(9) var<uniform> sg: Segs;
@@ -127,7 +140,8 @@ var<workgroup> red2: array<f32, WG * TT>;
 #endif
 #endif
 
-fn word(s: u32, i: u32) -> u32 {
+// Load unit i of weight s (0: W, 1: W2; MULTI: the segment's weight).
+fn wload(s: u32, i: u32) -> Wv {
 #ifdef SWIGLU
     if (s == 1u) {
         return w2[i];
@@ -142,6 +156,15 @@ fn word(s: u32, i: u32) -> u32 {
     }
 #endif
     return w[i];
+}
+
+// Word i of weight s.
+fn word(s: u32, i: u32) -> u32 {
+#ifdef WIDE
+    return wload(s, i >> 2u)[i & 3u];
+#else
+    return wload(s, i);
+#endif
 }
 
 // Byte offset of row r of weight s (0: W, 1: W2; MULTI: the segment's).

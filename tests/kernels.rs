@@ -96,6 +96,7 @@ fn matmul_every_type_odd_sizes() {
             (t, MatmulLayout::GPU),
             (t, common::CPU_ROW_WALKS[0]),
             (t, common::CPU_ROW_WALKS[1]),
+            (t, common::CPU_ROW_WALKS[2]),
         ]
     }) {
         ctx.matmul_layout = layout;
@@ -104,7 +105,8 @@ fn matmul_every_type_odd_sizes() {
         let shapes: &[(usize, usize)] = if float {
             &[(37, 21), (5, 96), (66, 131)]
         } else {
-            &[(37, 64), (5, 96), (66, 160)]
+            // 8 and 18 blocks: Q4_1 rows read as vec4s, row starts of 4 and 2 words apart.
+            &[(37, 64), (5, 96), (66, 160), (9, 256), (7, 576)]
         };
         for &(rows, cols) in shapes {
             let (bytes, deq) = weights(&mut rng, ty, rows, cols);
@@ -158,11 +160,14 @@ fn matmul_swiglu_matches_reference() {
                 (t, MatmulLayout::GPU),
                 (t, common::CPU_ROW_WALKS[0]),
                 (t, common::CPU_ROW_WALKS[1]),
+                (t, common::CPU_ROW_WALKS[2]),
             ]
         })
     {
         ctx.matmul_layout = layout;
-        let (rows, cols, t_count) = (45usize, 96usize, 5usize);
+        // Q4_1: 13 blocks, rows read as vec4s four blocks at a time, then one block.
+        let cols = if ty == GgmlType::Q4_1 { 416 } else { 96 };
+        let (rows, t_count) = (45usize, 5usize);
         let (bg, dg) = weights(&mut rng, ty, rows, cols);
         let (bu, du) = weights(&mut rng, ty, rows, cols);
         let wg = kernels::upload_weight(&ctx, "g", ty, rows as u32, cols as u32, &bg).unwrap();

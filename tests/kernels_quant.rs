@@ -32,12 +32,13 @@ const TYPES: [GgmlType; 9] = [
 
 /// The layouts of each adapter class, and the CPU layout with one and with four rows a thread
 /// in decode.
-const LAYOUTS: [MatmulLayout; 5] = [
+const LAYOUTS: [MatmulLayout; 6] = [
     MatmulLayout::CPU,
     MatmulLayout::CPU_PLAIN,
     MatmulLayout::GPU,
     common::CPU_ROW_WALKS[0],
     common::CPU_ROW_WALKS[1],
+    common::CPU_ROW_WALKS[2],
 ];
 
 /// Byte offsets of a block's f16 fields (scales and mins).
@@ -302,7 +303,12 @@ fn matmul_multi_three_products_every_layout() {
         GgmlType::F16,
         GgmlType::F32,
     ] {
-        let cols = ty.block_len().max(32) as usize * 3;
+        // Q4_1: 13 blocks, rows read as vec4s four blocks at a time, then one block.
+        let cols = if ty == GgmlType::Q4_1 {
+            32 * 13
+        } else {
+            ty.block_len().max(32) as usize * 3
+        };
         let rows = [70usize, 37, 5];
         let mats: Vec<(Vec<f32>, kernels::GpuWeight)> = rows
             .iter()
@@ -409,7 +415,12 @@ fn matmul_fused_norm_matches_norm_then_product() {
         GgmlType::Q6_K,
     ] {
         assert!(kernels::norm_fuses(&ctx, ty));
-        let cols = ty.block_len().max(32) as usize * 3;
+        // Q4_1: 13 blocks, rows read as vec4s four blocks at a time, then one block.
+        let cols = if ty == GgmlType::Q4_1 {
+            32 * 13
+        } else {
+            ty.block_len().max(32) as usize * 3
+        };
         let rows = [70usize, 37, 5];
         let mats: Vec<(Vec<f32>, kernels::GpuWeight)> = rows
             .iter()

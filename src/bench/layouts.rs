@@ -55,9 +55,14 @@ fn describe(l: &MatmulLayout) -> String {
         )
     } else {
         format!(
-            "{} rows a workgroup, {} a thread in decode{}",
+            "{} rows a workgroup, {} a thread in decode{}{}",
             l.rows_per_wg,
             l.rows_per_lane,
+            if l.load_words > 1 {
+                format!(", loads of up to {} words", l.load_words)
+            } else {
+                String::new()
+            },
             if l.share_x {
                 ", X shared by subgroups"
             } else {
@@ -70,10 +75,11 @@ fn describe(l: &MatmulLayout) -> String {
 /// The layouts worth comparing on an adapter of this class, the reference first.
 pub fn candidates(cpu: bool) -> Vec<MatmulLayout> {
     if cpu {
-        [1, 2, 4]
+        [(1, 1), (2, 1), (4, 1), (2, 4), (4, 4)]
             .into_iter()
-            .map(|r| MatmulLayout {
+            .map(|(r, w)| MatmulLayout {
                 rows_per_lane: r,
+                load_words: w,
                 ..MatmulLayout::CPU
             })
             .collect()

@@ -168,6 +168,10 @@ pub struct MatmulLayout {
     /// Rows each thread walks in the decode products of 32-weight blocks (1: one row a
     /// thread); a workgroup still covers `rows_per_wg` rows, with that many fewer threads.
     pub rows_per_lane: u32,
+    /// Words a thread reads from a weight in one load in those decode products: 1, or 4
+    /// (Q4_1 weights read as vec4s, four blocks at a time). A load costs per lane on CPU
+    /// rasterizers whatever its width.
+    pub load_words: u32,
 }
 
 impl MatmulLayout {
@@ -177,6 +181,7 @@ impl MatmulLayout {
         tpr: 16,
         share_x: false,
         rows_per_lane: 1,
+        load_words: 1,
     };
     /// CPU rasterizers (lavapipe, llvmpipe): a thread per row, no workgroup barriers; X shared
     /// through subgroups where the device has them. Eight rows make one 256-bit SIMD row; a
@@ -184,13 +189,15 @@ impl MatmulLayout {
     /// alone on lavapipe: 1.9-2.0 GB/s of weights with 8 rows per workgroup, 2.1-2.2 GB/s with
     /// 64), and splitting a row across lanes was twice as slow (X is then gathered per lane
     /// instead of shared). In decode 32 threads walk the 64 rows, two each, so that each load
-    /// of X and of the norm weights serves two rows (`bench layouts` times one, two and four
-    /// side by side; BENCHMARKS §1 has the figures).
+    /// of X and of the norm weights serves two rows, and Q4_1 rows are read four words a load
+    /// (`bench layouts` times these against one and four rows a thread and word loads side by
+    /// side; BENCHMARKS §1 has the figures).
     pub const CPU: Self = Self {
         rows_per_wg: 64,
         tpr: 1,
         share_x: true,
         rows_per_lane: 2,
+        load_words: 4,
     };
     /// [`Self::CPU`] without subgroup operations (what adapters without them run).
     pub const CPU_PLAIN: Self = Self {

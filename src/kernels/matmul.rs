@@ -235,14 +235,26 @@ pub(super) fn matmul_defines(
         if layout.share_x && ctx.subgroups8 && layout.rows_per_wg.is_multiple_of(8) {
             defines = defines.flag("SHARE_X");
         }
-        // Decode with several rows a thread: whole subgroups of threads, at most 4 rows each.
+        // Decode with several rows a thread (at most 4), or Q4_1 weights read as vec4s (one
+        // row a thread or more): whole subgroups of threads.
         let rpl = layout.rows_per_lane;
+        let wide = ty == GgmlType::Q4_1 && layout.load_words >= 4;
         if tt == 1
             && ty.block_len() == 32
-            && (2..=4).contains(&rpl)
+            && ((2..=4).contains(&rpl) || (rpl == 1 && wide))
             && layout.rows_per_wg.is_multiple_of(rpl * 8)
         {
             defines = defines.flag("ROWS").val("RPL", format!("{rpl}u"));
+            if wide {
+                // Row starts are multiples of the row's words' largest power-of-two factor
+                // (up to 4): the loads then need no (or only a two-word) shift.
+                let words = ty.bytes_for(u64::from(cols)).unwrap_or(0) / 4;
+                let ra = [4, 2, 1]
+                    .into_iter()
+                    .find(|a| words.is_multiple_of(*a))
+                    .unwrap_or(1);
+                defines = defines.flag("WIDE").val("RA", format!("{ra}u"));
+            }
         }
     }
     if matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) && !cols.is_multiple_of(8) {

@@ -5,15 +5,22 @@ use std::path::PathBuf;
 
 use flashlm::gpu::MatmulLayout;
 
-/// The CPU layout with one row a thread in decode and with four (the default walks two), so
+/// The CPU layout with one row a thread in decode and with four, reading words (the default
+/// walks two rows, reading Q4_1 rows as vec4s), and with one row a thread reading vec4s, so
 /// the kernel tests cover every decode walk.
-pub const CPU_ROW_WALKS: [MatmulLayout; 2] = [
+pub const CPU_ROW_WALKS: [MatmulLayout; 3] = [
     MatmulLayout {
         rows_per_lane: 1,
+        load_words: 1,
         ..MatmulLayout::CPU
     },
     MatmulLayout {
         rows_per_lane: 4,
+        load_words: 1,
+        ..MatmulLayout::CPU
+    },
+    MatmulLayout {
+        rows_per_lane: 1,
         ..MatmulLayout::CPU
     },
 ];
