@@ -36,11 +36,10 @@
 // ROWS_PER_WG rows are walked by ROWS_PER_WG / RPL threads, RPL rows each (WG apart), so one X
 // load serves RPL rows, and each block's sum is d (q . x) + m (sum of x), with the sum of x shared by the rows.
 //
-// WIDE (ROWS, Q4_1): weights are bound as vec4s and each row is read as a stream of them,
-// one vec4 load per 4 words as the blocks need them (5 per 4 blocks), shifted into place by
-// the row start's word within its vec4 (RA: the multiple of words every row start is); a row's
-// last (blocks mod 4) blocks are read as words. On CPU rasterizers a load costs per lane
-// whatever its width.
+// WIDE (ROWS; Q4_1, or Q8_0 with an even number of blocks a row): weights are bound as vec4s
+// and each row is read as a stream of them (matmul_stream.wgsl), one load per 4 words, in
+// groups of GB blocks; a row's last (blocks mod GB) blocks are read as words. RA: the multiple
+// of words every row start is (4: no shifts).
 
 struct Params {
     rows: u32,

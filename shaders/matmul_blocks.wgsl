@@ -246,84 +246,7 @@ fn x_sum(xb: Xb) -> f32 {
 }
 
 #ifdef WIDE
-// A row read as a stream of vec4s: `v` holds the row's next 4 unread-in-order words (shifted
-// into place from the vec4s that hold them), `u` the last vec4 loaded, `i` the next one's
-// index, `a` the row start's word within its vec4. Loads happen one vec4 at a time as blocks
-// need them, so a thread keeps few words of each row live (CPU rasterizers keep every lane's
-// values in SIMD registers).
-struct Rd {
-    v: vec4<u32>,
-    u: vec4<u32>,
-    i: u32,
-    a: u32,
-}
-
-// Words a to a + 3 of the 8 words of p and q (a below 4; RA: the multiple a always is).
-fn shift(p: vec4<u32>, q: vec4<u32>, a: u32) -> vec4<u32> {
-    if (RA >= 4u) {
-        return p;
-    }
-    let two = (a & 2u) != 0u;
-    let m = select(p, vec4<u32>(p.zw, q.xy), two);
-    if (RA >= 2u) {
-        return m;
-    }
-    return select(m, vec4<u32>(m.yzw, select(q.x, q.z, two)), (a & 1u) != 0u);
-}
-
-// The stream of the row at byte rb of weight s from block k.
-fn rd_open(s: u32, rb: u32, k: u32) -> Rd {
-    let b = rb + k * BLOCK_BYTES;
-    let i = b >> 4u;
-    let a = (b >> 2u) & 3u;
-    let u0 = wload(s, i);
-    let u1 = wload(s, i + 1u);
-    return Rd(shift(u0, u1, a), u1, i + 2u, a);
-}
-
-// Moves the stream on by 4 words; returns the new `v`.
-fn rd_adv(s: u32, r: ptr<function, Rd>) -> vec4<u32> {
-    let u = wload(s, (*r).i);
-    (*r).v = shift((*r).u, u, (*r).a);
-    (*r).u = u;
-    (*r).i += 1u;
-    return (*r).v;
-}
-
-// W x for a Q4_1 block of words dm, q0 to q3, given the block's X and its sum.
-fn q41_dot(dmw: u32, q0: u32, q1: u32, q2: u32, q3: u32, xb: Xb, xs: f32) -> f32 {
-    let dm = unpack2x16float(dmw);
-    let q = Blk(lo4(q0), lo4(q1), lo4(q2), lo4(q3), hi4(q0), hi4(q1), hi4(q2), hi4(q3));
-    return dm.x * dot_block(q, xb) + dm.y * xs;
-}
-
-// W x for block j (a constant, 0 to 3) of a group of 4: words 5j to 5j + 4 from the group's
-// start, which the stream holds in its `v` and the next 4 words (block 3: in the next 8).
-fn rd_dot(s: u32, r: ptr<function, Rd>, j: u32, xb: Xb, xs: f32) -> f32 {
-    let o = (*r).v;
-    let n = rd_adv(s, r);
-    if (j == 0u) {
-        return q41_dot(o.x, o.y, o.z, o.w, n.x, xb, xs);
-    }
-    if (j == 1u) {
-        return q41_dot(o.y, o.z, o.w, n.x, n.y, xb, xs);
-    }
-    if (j == 2u) {
-        return q41_dot(o.z, o.w, n.x, n.y, n.z, xb, xs);
-    }
-    // The group's words 16 to 19 are n: the next group starts one vec4 on.
-    rd_adv(s, r);
-    return q41_dot(o.w, n.x, n.y, n.z, n.w, xb, xs);
-}
-
-// The sums (W x, W2 x) of block j of a group of a row's streams r (W) and r2 (W2).
-fn rd_pair(ws: u32, r: ptr<function, Rd>, r2: ptr<function, Rd>, j: u32, xb: Xb, xs: f32) -> vec2<f32> {
-#ifdef SWIGLU
-    return vec2<f32>(rd_dot(ws, r, j, xb, xs), rd_dot(1u, r2, j, xb, xs));
-#else
-    return vec2<f32>(rd_dot(ws, r, j, xb, xs), 0.0);
-#endif
-}
+#include "matmul_stream"
 #endif
 
 // Decode (TT = 1, blocks of 32 weights) with RPL rows a thread (2 to 4; 1 with WIDE): rows r,
@@ -350,82 +273,10 @@ fn rows(ws: u32, r: u32, t: u32, lane: u32) {
     let n_blocks = p.cols / 32u;
     var k0 = 0u;
 #ifdef WIDE
-    // Whole groups of 4 blocks from each row's stream (and W2's), then block by block.
-    k0 = n_blocks & ~3u;
-    var da = rd_open(ws, ra, 0u);
-    var db = rd_open(ws, rb, 0u);
-    var dc = rd_open(ws, rc, 0u);
-    var dd = rd_open(ws, rd, 0u);
-    var da2 = rd_open(1u, ra2, 0u);
-    var db2 = rd_open(1u, rb2, 0u);
-    var dc2 = rd_open(1u, rc2, 0u);
-    var dd2 = rd_open(1u, rd2, 0u);
-    for (var k = 0u; k < k0; k += 4u) {
-        {
-            let c = (k + 0u) * 8u;
-            let g = norm_w(c, lane);
-            let xb = x_block(x0 + c, lane, g, &q);
-            let xs = x_sum(xb);
-            sa += rd_pair(ws, &da, &da2, 0u, xb, xs);
-            if (RPL > 1u) {
-                sb += rd_pair(ws, &db, &db2, 0u, xb, xs);
-            }
-            if (RPL > 2u) {
-                sc += rd_pair(ws, &dc, &dc2, 0u, xb, xs);
-            }
-            if (RPL > 3u) {
-                sd += rd_pair(ws, &dd, &dd2, 0u, xb, xs);
-            }
-        }
-        {
-            let c = (k + 1u) * 8u;
-            let g = norm_w(c, lane);
-            let xb = x_block(x0 + c, lane, g, &q);
-            let xs = x_sum(xb);
-            sa += rd_pair(ws, &da, &da2, 1u, xb, xs);
-            if (RPL > 1u) {
-                sb += rd_pair(ws, &db, &db2, 1u, xb, xs);
-            }
-            if (RPL > 2u) {
-                sc += rd_pair(ws, &dc, &dc2, 1u, xb, xs);
-            }
-            if (RPL > 3u) {
-                sd += rd_pair(ws, &dd, &dd2, 1u, xb, xs);
-            }
-        }
-        {
-            let c = (k + 2u) * 8u;
-            let g = norm_w(c, lane);
-            let xb = x_block(x0 + c, lane, g, &q);
-            let xs = x_sum(xb);
-            sa += rd_pair(ws, &da, &da2, 2u, xb, xs);
-            if (RPL > 1u) {
-                sb += rd_pair(ws, &db, &db2, 2u, xb, xs);
-            }
-            if (RPL > 2u) {
-                sc += rd_pair(ws, &dc, &dc2, 2u, xb, xs);
-            }
-            if (RPL > 3u) {
-                sd += rd_pair(ws, &dd, &dd2, 2u, xb, xs);
-            }
-        }
-        {
-            let c = (k + 3u) * 8u;
-            let g = norm_w(c, lane);
-            let xb = x_block(x0 + c, lane, g, &q);
-            let xs = x_sum(xb);
-            sa += rd_pair(ws, &da, &da2, 3u, xb, xs);
-            if (RPL > 1u) {
-                sb += rd_pair(ws, &db, &db2, 3u, xb, xs);
-            }
-            if (RPL > 2u) {
-                sc += rd_pair(ws, &dc, &dc2, 3u, xb, xs);
-            }
-            if (RPL > 3u) {
-                sd += rd_pair(ws, &dd, &dd2, 3u, xb, xs);
-            }
-        }
-    }
+    // Whole groups of GB blocks from each row's stream (matmul_stream.wgsl), then block by
+    // block.
+    k0 = n_blocks - n_blocks % GB;
+    stream_rows(ws, ra, rb, rc, rd, ra2, rb2, rc2, rd2, x0, k0, lane, &q, &sa, &sb, &sc, &sd);
 #endif
     for (var k = k0; k < n_blocks; k++) {
         let c = k * 8u;

@@ -105,7 +105,8 @@ fn matmul_every_type_odd_sizes() {
         let shapes: &[(usize, usize)] = if float {
             &[(37, 21), (5, 96), (66, 131)]
         } else {
-            // 8 and 18 blocks: Q4_1 rows read as vec4s, row starts of 4 and 2 words apart.
+            // 8 and 18 blocks: Q4_1 and Q8_0 rows read as streams of vec4s, row starts 4, 2
+            // (Q4_1) and 1 (Q8_0) words apart.
             &[(37, 64), (5, 96), (66, 160), (9, 256), (7, 576)]
         };
         for &(rows, cols) in shapes {
@@ -165,8 +166,12 @@ fn matmul_swiglu_matches_reference() {
         })
     {
         ctx.matmul_layout = layout;
-        // Q4_1: 13 blocks, rows read as vec4s four blocks at a time, then one block.
-        let cols = if ty == GgmlType::Q4_1 { 416 } else { 96 };
+        // Q4_1 with 13 blocks, Q8_0 with 18: rows read as streams of vec4s, then words.
+        let cols = match ty {
+            GgmlType::Q4_1 => 416,
+            GgmlType::Q8_0 => 576,
+            _ => 96,
+        };
         let (rows, t_count) = (45usize, 5usize);
         let (bg, dg) = weights(&mut rng, ty, rows, cols);
         let (bu, du) = weights(&mut rng, ty, rows, cols);

@@ -303,11 +303,12 @@ fn matmul_multi_three_products_every_layout() {
         GgmlType::F16,
         GgmlType::F32,
     ] {
-        // Q4_1: 13 blocks, rows read as vec4s four blocks at a time, then one block.
-        let cols = if ty == GgmlType::Q4_1 {
-            32 * 13
-        } else {
-            ty.block_len().max(32) as usize * 3
+        // Q4_1 with 13 blocks, Q8_0 with 18: rows read as streams of vec4s (groups of 4 and 8
+        // blocks), then the last blocks as words.
+        let cols = match ty {
+            GgmlType::Q4_1 => 32 * 13,
+            GgmlType::Q8_0 => 32 * 18,
+            _ => ty.block_len().max(32) as usize * 3,
         };
         let rows = [70usize, 37, 5];
         let mats: Vec<(Vec<f32>, kernels::GpuWeight)> = rows
@@ -415,11 +416,12 @@ fn matmul_fused_norm_matches_norm_then_product() {
         GgmlType::Q6_K,
     ] {
         assert!(kernels::norm_fuses(&ctx, ty));
-        // Q4_1: 13 blocks, rows read as vec4s four blocks at a time, then one block.
-        let cols = if ty == GgmlType::Q4_1 {
-            32 * 13
-        } else {
-            ty.block_len().max(32) as usize * 3
+        // Q4_1 with 13 blocks, Q8_0 with 18: rows read as streams of vec4s (groups of 4 and 8
+        // blocks), then the last blocks as words.
+        let cols = match ty {
+            GgmlType::Q4_1 => 32 * 13,
+            GgmlType::Q8_0 => 32 * 18,
+            _ => ty.block_len().max(32) as usize * 3,
         };
         let rows = [70usize, 37, 5];
         let mats: Vec<(Vec<f32>, kernels::GpuWeight)> = rows

@@ -169,7 +169,7 @@ pub struct MatmulLayout {
     /// thread); a workgroup still covers `rows_per_wg` rows, with that many fewer threads.
     pub rows_per_lane: u32,
     /// Words a thread reads from a weight in one load in those decode products: 1, or 4
-    /// (Q4_1 weights read as vec4s, four blocks at a time). A load costs per lane on CPU
+    /// (Q4_1 and Q8_0 rows read as streams of vec4s). A load costs per lane on CPU
     /// rasterizers whatever its width.
     pub load_words: u32,
 }
@@ -189,7 +189,7 @@ impl MatmulLayout {
     /// alone on lavapipe: 1.9-2.0 GB/s of weights with 8 rows per workgroup, 2.1-2.2 GB/s with
     /// 64), and splitting a row across lanes was twice as slow (X is then gathered per lane
     /// instead of shared). In decode 32 threads walk the 64 rows, two each, so that each load
-    /// of X and of the norm weights serves two rows, and Q4_1 rows are read four words a load
+    /// of X and of the norm weights serves two rows, and Q4_1 and Q8_0 rows are read four words a load
     /// (`bench layouts` times these against one and four rows a thread and word loads side by
     /// side; BENCHMARKS §1 has the figures).
     pub const CPU: Self = Self {

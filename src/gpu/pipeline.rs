@@ -54,6 +54,7 @@ fn built_in_source(name: &str) -> Option<&'static str> {
         "roofline" => include_str!("../../shaders/roofline.wgsl"),
         "matmul_quant" => include_str!("../../shaders/matmul_quant.wgsl"),
         "matmul_blocks" => include_str!("../../shaders/matmul_blocks.wgsl"),
+        "matmul_stream" => include_str!("../../shaders/matmul_stream.wgsl"),
         "common" => COMMON_BUILT_IN,
         _ => return None,
     })

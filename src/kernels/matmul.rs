@@ -238,7 +238,9 @@ pub(super) fn matmul_defines(
         // Decode with several rows a thread (at most 4), or Q4_1 weights read as vec4s (one
         // row a thread or more): whole subgroups of threads.
         let rpl = layout.rows_per_lane;
-        let wide = ty == GgmlType::Q4_1 && layout.load_words >= 4;
+        // Streams need word-aligned rows (Q8_0: an even number of 34-byte blocks).
+        let wide = layout.load_words >= 4
+            && (ty == GgmlType::Q4_1 || (ty == GgmlType::Q8_0 && (cols / 32).is_multiple_of(2)));
         if tt == 1
             && ty.block_len() == 32
             && ((2..=4).contains(&rpl) || (rpl == 1 && wide))
