@@ -94,144 +94,48 @@ fn q8_dot(d: f32, q0: u32, q1: u32, q2: u32, q3: u32, q4: u32, q5: u32, q6: u32,
     return d * dot_block(q, xb);
 }
 
-// W x for block j (a constant, 0 to 7) of a group of 8, from the row's stream.
+// Words o to o + 3 (o a constant below 4) of the 8 words of p and q.
+fn words_at(p: vec4<u32>, q: vec4<u32>, o: u32) -> vec4<u32> {
+    if (o == 0u) {
+        return p;
+    }
+    if (o == 1u) {
+        return vec4<u32>(p.yzw, q.x);
+    }
+    if (o == 2u) {
+        return vec4<u32>(p.zw, q.xy);
+    }
+    return vec4<u32>(p.w, q.xyz);
+}
+
+// W x for block j (a constant, 0 to 7) of a group of 8, from the row's stream. Block j starts
+// at byte 34 j: in word 17 j / 2 (of vec4 2 j, its word j / 2), at its high half when j is odd;
+// its 9 words (d, then the 32 bytes) lie in vec4s 2 j to 2 j + 2, and the last of them holds
+// the start of block j + 1.
 fn rd_dot(s: u32, r: ptr<function, Rd>, j: u32, xb: Xb, xs: f32) -> f32 {
-    if (j == 0u) {
-        let v0 = (*r).v;
-        let v1 = rd_adv(s, r);
-        let v2 = rd_adv(s, r);
+    let p = (*r).v;
+    let q = rd_adv(s, r);
+    let t = rd_adv(s, r);
+    if (j == 7u) {
+        // The next group starts one vec4 on.
+        rd_adv(s, r);
+    }
+    let o = j / 2u;
+    let a = words_at(p, q, o);
+    let b = words_at(q, t, o);
+    let c = t[o];
+    if ((j & 1u) == 0u) {
+        // d in the low half of the first word; the bytes from its high half on.
         return q8_dot(
-            unpack2x16float(v0.x).x,
-            ((v0.x >> 16u) | (v0.y << 16u)),
-            ((v0.y >> 16u) | (v0.z << 16u)),
-            ((v0.z >> 16u) | (v0.w << 16u)),
-            ((v0.w >> 16u) | (v1.x << 16u)),
-            ((v1.x >> 16u) | (v1.y << 16u)),
-            ((v1.y >> 16u) | (v1.z << 16u)),
-            ((v1.z >> 16u) | (v1.w << 16u)),
-            ((v1.w >> 16u) | (v2.x << 16u)),
+            unpack2x16float(a.x).x,
+            (a.x >> 16u) | (a.y << 16u), (a.y >> 16u) | (a.z << 16u),
+            (a.z >> 16u) | (a.w << 16u), (a.w >> 16u) | (b.x << 16u),
+            (b.x >> 16u) | (b.y << 16u), (b.y >> 16u) | (b.z << 16u),
+            (b.z >> 16u) | (b.w << 16u), (b.w >> 16u) | (c << 16u),
             xb
         );
     }
-    if (j == 1u) {
-        let v2 = (*r).v;
-        let v3 = rd_adv(s, r);
-        let v4 = rd_adv(s, r);
-        return q8_dot(
-            unpack2x16float(v2.x >> 16u).x,
-            v2.y,
-            v2.z,
-            v2.w,
-            v3.x,
-            v3.y,
-            v3.z,
-            v3.w,
-            v4.x,
-            xb
-        );
-    }
-    if (j == 2u) {
-        let v4 = (*r).v;
-        let v5 = rd_adv(s, r);
-        let v6 = rd_adv(s, r);
-        return q8_dot(
-            unpack2x16float(v4.y).x,
-            ((v4.y >> 16u) | (v4.z << 16u)),
-            ((v4.z >> 16u) | (v4.w << 16u)),
-            ((v4.w >> 16u) | (v5.x << 16u)),
-            ((v5.x >> 16u) | (v5.y << 16u)),
-            ((v5.y >> 16u) | (v5.z << 16u)),
-            ((v5.z >> 16u) | (v5.w << 16u)),
-            ((v5.w >> 16u) | (v6.x << 16u)),
-            ((v6.x >> 16u) | (v6.y << 16u)),
-            xb
-        );
-    }
-    if (j == 3u) {
-        let v6 = (*r).v;
-        let v7 = rd_adv(s, r);
-        let v8 = rd_adv(s, r);
-        return q8_dot(
-            unpack2x16float(v6.y >> 16u).x,
-            v6.z,
-            v6.w,
-            v7.x,
-            v7.y,
-            v7.z,
-            v7.w,
-            v8.x,
-            v8.y,
-            xb
-        );
-    }
-    if (j == 4u) {
-        let v8 = (*r).v;
-        let v9 = rd_adv(s, r);
-        let v10 = rd_adv(s, r);
-        return q8_dot(
-            unpack2x16float(v8.z).x,
-            ((v8.z >> 16u) | (v8.w << 16u)),
-            ((v8.w >> 16u) | (v9.x << 16u)),
-            ((v9.x >> 16u) | (v9.y << 16u)),
-            ((v9.y >> 16u) | (v9.z << 16u)),
-            ((v9.z >> 16u) | (v9.w << 16u)),
-            ((v9.w >> 16u) | (v10.x << 16u)),
-            ((v10.x >> 16u) | (v10.y << 16u)),
-            ((v10.y >> 16u) | (v10.z << 16u)),
-            xb
-        );
-    }
-    if (j == 5u) {
-        let v10 = (*r).v;
-        let v11 = rd_adv(s, r);
-        let v12 = rd_adv(s, r);
-        return q8_dot(
-            unpack2x16float(v10.z >> 16u).x,
-            v10.w,
-            v11.x,
-            v11.y,
-            v11.z,
-            v11.w,
-            v12.x,
-            v12.y,
-            v12.z,
-            xb
-        );
-    }
-    if (j == 6u) {
-        let v12 = (*r).v;
-        let v13 = rd_adv(s, r);
-        let v14 = rd_adv(s, r);
-        return q8_dot(
-            unpack2x16float(v12.w).x,
-            ((v12.w >> 16u) | (v13.x << 16u)),
-            ((v13.x >> 16u) | (v13.y << 16u)),
-            ((v13.y >> 16u) | (v13.z << 16u)),
-            ((v13.z >> 16u) | (v13.w << 16u)),
-            ((v13.w >> 16u) | (v14.x << 16u)),
-            ((v14.x >> 16u) | (v14.y << 16u)),
-            ((v14.y >> 16u) | (v14.z << 16u)),
-            ((v14.z >> 16u) | (v14.w << 16u)),
-            xb
-        );
-    }
-    let v14 = (*r).v;
-    let v15 = rd_adv(s, r);
-    let v16 = rd_adv(s, r);
-    // The next group starts one vec4 on.
-    rd_adv(s, r);
-    return q8_dot(
-        unpack2x16float(v14.w >> 16u).x,
-        v15.x,
-        v15.y,
-        v15.z,
-        v15.w,
-        v16.x,
-        v16.y,
-        v16.z,
-        v16.w,
-        xb
-    );
+    return q8_dot(unpack2x16float(a.x >> 16u).x, a.y, a.z, a.w, b.x, b.y, b.z, b.w, c, xb);
 }
 #endif
 
