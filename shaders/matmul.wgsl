@@ -34,7 +34,8 @@
 //
 // ROWS (BLOCKS, TT = 1, 32-weight blocks) with RPL (2 to 4; 1 with WIDE): the workgroup's
 // ROWS_PER_WG rows are walked by ROWS_PER_WG / RPL threads, RPL rows each (WG apart), so one X
-// load serves RPL rows, and each block's sum is d (q . x) + m (sum of x), with the sum of x shared by the rows.
+// load serves RPL rows, and each block's sum is d (q . x) + m (sum of x), with the sum of x
+// shared by the rows.
 //
 // WIDE (ROWS; Q4_1, or Q8_0 with an even number of blocks a row): weights are bound as vec4s
 // and each row is read as a stream of them (matmul_stream.wgsl), one load per 4 words, in

@@ -189,9 +189,9 @@ impl MatmulLayout {
     /// alone on lavapipe: 1.9-2.0 GB/s of weights with 8 rows per workgroup, 2.1-2.2 GB/s with
     /// 64), and splitting a row across lanes was twice as slow (X is then gathered per lane
     /// instead of shared). In decode 32 threads walk the 64 rows, two each, so that each load
-    /// of X and of the norm weights serves two rows, and Q4_1 and Q8_0 rows are read four words a load
-    /// (`bench layouts` times these against one and four rows a thread and word loads side by
-    /// side; BENCHMARKS §1 has the figures).
+    /// of X and of the norm weights serves two rows, and Q4_1 and Q8_0 rows are read four
+    /// words a load (`bench layouts` times these against one and four rows a thread and word
+    /// loads side by side; BENCHMARKS §1 has the figures).
     pub const CPU: Self = Self {
         rows_per_wg: 64,
         tpr: 1,

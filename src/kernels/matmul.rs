@@ -235,8 +235,8 @@ pub(super) fn matmul_defines(
         if layout.share_x && ctx.subgroups8 && layout.rows_per_wg.is_multiple_of(8) {
             defines = defines.flag("SHARE_X");
         }
-        // Decode with several rows a thread (at most 4), or Q4_1 weights read as vec4s (one
-        // row a thread or more): whole subgroups of threads.
+        // Decode with several rows a thread (at most 4), or Q4_1 / Q8_0 rows read as streams
+        // of vec4s (one row a thread or more): whole subgroups of threads.
         let rpl = layout.rows_per_lane;
         // Streams need word-aligned rows (Q8_0: an even number of 34-byte blocks).
         let wide = layout.load_words >= 4
