@@ -5,11 +5,9 @@
 // rasterizers a load costs per lane whatever its width, and a lane's values live in SIMD
 // registers: loading as the blocks go keeps few words of each row live.
 
-// A row read as a stream of vec4s: `v` holds the row's next 4 unread-in-order words (shifted
-// into place from the vec4s that hold them), `u` the last vec4 loaded, `i` the next one's
-// index, `a` the row start's word within its vec4. Loads happen one vec4 at a time as blocks
-// need them, so a thread keeps few words of each row live (CPU rasterizers keep every lane's
-// values in SIMD registers).
+// A row read as a stream of vec4s: `v` holds the row's next 4 words in order (shifted into
+// place from the vec4s that hold them), `u` the last vec4 loaded, `i` the next one's index,
+// `a` the row start's word within its vec4.
 struct Rd {
     v: vec4<u32>,
     u: vec4<u32>,
@@ -17,17 +15,16 @@ struct Rd {
     a: u32,
 }
 
-// Words a to a + 3 of the 8 words of p and q (a below 4; RA: the multiple a always is).
-fn shift(p: vec4<u32>, q: vec4<u32>, a: u32) -> vec4<u32> {
-    if (RA >= 4u) {
-        return p;
-    }
+// Words a to a + 3 of the 8 words of p and q (a below 4; a constant folds the selects away).
+fn words_from(p: vec4<u32>, q: vec4<u32>, a: u32) -> vec4<u32> {
     let two = (a & 2u) != 0u;
     let m = select(p, vec4<u32>(p.zw, q.xy), two);
-    if (RA >= 2u) {
-        return m;
-    }
     return select(m, vec4<u32>(m.yzw, select(q.x, q.z, two)), (a & 1u) != 0u);
+}
+
+// `words_from` for a row start's word a, which is always a multiple of RA.
+fn shift(p: vec4<u32>, q: vec4<u32>, a: u32) -> vec4<u32> {
+    return words_from(p, q, a & ~(RA - 1u));
 }
 
 // The stream of the row at byte rb of weight s from block k.
@@ -94,20 +91,6 @@ fn q8_dot(d: f32, q0: u32, q1: u32, q2: u32, q3: u32, q4: u32, q5: u32, q6: u32,
     return d * dot_block(q, xb);
 }
 
-// Words o to o + 3 (o a constant below 4) of the 8 words of p and q.
-fn words_at(p: vec4<u32>, q: vec4<u32>, o: u32) -> vec4<u32> {
-    if (o == 0u) {
-        return p;
-    }
-    if (o == 1u) {
-        return vec4<u32>(p.yzw, q.x);
-    }
-    if (o == 2u) {
-        return vec4<u32>(p.zw, q.xy);
-    }
-    return vec4<u32>(p.w, q.xyz);
-}
-
 // W x for block j (a constant, 0 to 7) of a group of 8, from the row's stream. Block j starts
 // at byte 34 j: in word 17 j / 2 (of vec4 2 j, its word j / 2), at its high half when j is odd;
 // its 9 words (d, then the 32 bytes) lie in vec4s 2 j to 2 j + 2, and the last of them holds
@@ -121,8 +104,8 @@ fn rd_dot(s: u32, r: ptr<function, Rd>, j: u32, xb: Xb, xs: f32) -> f32 {
         rd_adv(s, r);
     }
     let o = j / 2u;
-    let a = words_at(p, q, o);
-    let b = words_at(q, t, o);
+    let a = words_from(p, q, o);
+    let b = words_from(q, t, o);
     let c = t[o];
     if ((j & 1u) == 0u) {
         // d in the low half of the first word; the bytes from its high half on.
@@ -181,6 +164,8 @@ fn stream_rows(
     sa: ptr<function, vec2<f32>>, sb: ptr<function, vec2<f32>>,
     sc: ptr<function, vec2<f32>>, sd: ptr<function, vec2<f32>>,
 ) {
+    // The streams of rows past RPL, and of W2 without SWIGLU, are never used: their loads are
+    // dead code.
     var da = rd_open(ws, ra, 0u);
     var db = rd_open(ws, rb, 0u);
     var dc = rd_open(ws, rc, 0u);
