@@ -37,6 +37,36 @@ fn rd_open(s: u32, rb: u32, k: u32) -> Rd {
     return Rd(shift(u0, u1, a), u1, i + 2u, a);
 }
 
+#ifdef PF
+// Prefetch (PF: a distance in vec4s). On CPU rasterizers a thread's rows are separate short
+// streams, too many at once for the hardware prefetchers, and a load of a word that is not
+// cached stalls its lane's load loop. A touch loads one word PF vec4s ahead of a stream, early
+// enough for the cache line to arrive before the stream reaches it; the words are folded into
+// `touch`, which only an impossible store reads, so that the loads stay.
+var<private> touch: u32;
+
+fn wtouch(s: u32, i: u32) -> u32 {
+#ifdef SWIGLU
+    if (s == 1u) {
+        return w2[i].x;
+    }
+#endif
+#ifdef MULTI
+    if (s == 1u) {
+        return w2[i].x;
+    }
+    if (s == 2u) {
+        return w3[i].x;
+    }
+#endif
+    return w[i].x;
+}
+
+fn rd_touch(s: u32, r: ptr<function, Rd>) {
+    touch ^= wtouch(s, (*r).i + PF);
+}
+#endif
+
 // Moves the stream on by 4 words; returns the new `v`.
 fn rd_adv(s: u32, r: ptr<function, Rd>) -> vec4<u32> {
     let u = wload(s, (*r).i);
@@ -140,6 +170,33 @@ fn stream_step(
     sa: ptr<function, vec2<f32>>, sb: ptr<function, vec2<f32>>,
     sc: ptr<function, vec2<f32>>, sd: ptr<function, vec2<f32>>,
 ) {
+#ifdef PF
+    // A touch of each stream every 40 (Q4_1) or 68 (Q8_0) bytes: every cache line of a row.
+    if ((j & 1u) == 0u && (GB == 8u || j < 4u)) {
+        rd_touch(ws, da);
+        if (RPL > 1u) {
+            rd_touch(ws, db);
+        }
+        if (RPL > 2u) {
+            rd_touch(ws, dc);
+        }
+        if (RPL > 3u) {
+            rd_touch(ws, dd);
+        }
+#ifdef SWIGLU
+        rd_touch(1u, da2);
+        if (RPL > 1u) {
+            rd_touch(1u, db2);
+        }
+        if (RPL > 2u) {
+            rd_touch(1u, dc2);
+        }
+        if (RPL > 3u) {
+            rd_touch(1u, dd2);
+        }
+#endif
+    }
+#endif
     let c = (k + j) * 8u;
     let g = norm_w(c, lane);
     let xb = x_block(x0 + c, lane, g, q);

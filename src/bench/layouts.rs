@@ -1,7 +1,9 @@
 //! `bench layouts`: the matrix kernels' thread-to-row layouts for this adapter's class, side by
 //! side in one process. One resident engine per layout; every round times one pass of each
 //! kind of decode product on every engine in turn, so the machine's drift falls on all of them
-//! alike. The layout the engine picks by default is marked.
+//! alike. Each round also decodes the same tokens on every engine in turn (whole decode
+//! passes: attention, norms and the products' caches as they are in a run). The layout the
+//! engine picks by default is marked.
 
 use std::sync::Arc;
 
@@ -11,6 +13,7 @@ use super::median;
 use crate::engine::{Engine, EngineOptions};
 use crate::gguf::GgufFile;
 use crate::gpu::MatmulLayout;
+use crate::sampling::{Sampler, SamplerParams};
 
 /// The kinds of decode product a pass runs, by their dispatch labels; "all" is every product.
 const KINDS: [(&str, &str); 5] = [
@@ -24,6 +27,10 @@ const KINDS: [(&str, &str); 5] = [
 /// Passes of the products per timed submission.
 const REPS: usize = 4;
 
+/// Tokens each engine decodes per round (after a fixed prompt of [`PROMPT`] tokens).
+const DECODE_TOKENS: usize = 16;
+const PROMPT: usize = 8;
+
 /// One layout's figures.
 #[derive(Debug, Clone, Serialize)]
 pub struct LayoutRow {
@@ -36,6 +43,10 @@ pub struct LayoutRow {
     pub all_gb_s: f64,
     /// `all_gb_s` over the first layout's (the reference) in the same rounds.
     pub vs_first: f64,
+    /// Whole decode passes: tokens per second (median over the rounds), and its median ratio
+    /// to the first layout's in the same rounds.
+    pub decode_tok_s: f64,
+    pub decode_vs_first: f64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -55,11 +66,16 @@ fn describe(l: &MatmulLayout) -> String {
         )
     } else {
         format!(
-            "{} rows a workgroup, {} a thread in decode{}{}",
+            "{} rows a workgroup, {} a thread in decode{}{}{}",
             l.rows_per_wg,
             l.rows_per_lane,
             if l.load_words > 1 {
                 format!(", loads of up to {} words", l.load_words)
+            } else {
+                String::new()
+            },
+            if l.load_words > 1 && l.prefetch > 0 {
+                format!(", touches {} vec4s ahead", l.prefetch)
             } else {
                 String::new()
             },
@@ -75,14 +91,24 @@ fn describe(l: &MatmulLayout) -> String {
 /// The layouts worth comparing on an adapter of this class, the reference first.
 pub fn candidates(cpu: bool) -> Vec<MatmulLayout> {
     if cpu {
-        [(1, 1), (2, 1), (4, 1), (2, 4), (4, 4)]
-            .into_iter()
-            .map(|(r, w)| MatmulLayout {
-                rows_per_lane: r,
-                load_words: w,
-                ..MatmulLayout::CPU
-            })
-            .collect()
+        [
+            (1, 1, 0),
+            (2, 1, 0),
+            (4, 1, 0),
+            (2, 4, 0),
+            (4, 4, 0),
+            (1, 4, 8),
+            (2, 4, 8),
+            (4, 4, 8),
+        ]
+        .into_iter()
+        .map(|(r, w, pf)| MatmulLayout {
+            rows_per_lane: r,
+            load_words: w,
+            prefetch: pf,
+            ..MatmulLayout::CPU
+        })
+        .collect()
     } else {
         vec![
             MatmulLayout::GPU,
@@ -130,16 +156,39 @@ pub fn run(
     let mut all: Vec<Vec<f64>> = vec![Vec::new(); engines.len()];
     let mut per: Vec<Vec<Vec<f64>>> = vec![vec![Vec::new(); KINDS.len()]; engines.len()];
     let mut ratio: Vec<Vec<f64>> = vec![Vec::new(); engines.len()];
+    let mut dec: Vec<Vec<f64>> = vec![Vec::new(); engines.len()];
+    let mut dec_ratio: Vec<Vec<f64>> = vec![Vec::new(); engines.len()];
+    // A fixed prompt of ordinary token ids (the decode cost does not depend on which).
+    let vocab = engines[0].cfg.vocab_size.min(1000) as u32;
+    let prompt: Vec<u32> = (0..PROMPT as u32).map(|i| (i * 97 + 13) % vocab).collect();
+    let decode = |e: &mut Engine| -> Result<f64, Box<dyn std::error::Error>> {
+        e.reset();
+        let mut sampler = Sampler::new(SamplerParams {
+            temperature: 0.0,
+            ..Default::default()
+        });
+        let (_, s) = e.generate(&prompt, DECODE_TOKENS, &mut sampler, |_| false, |_| true)?;
+        Ok(s.decode_tok_s)
+    };
     for e in engines.iter_mut() {
         e.time_matvecs(1)?;
+        decode(e)?;
     }
     for r in 0..rounds {
-        let mut round_all = Vec::new();
-        for (i, e) in engines.iter_mut().enumerate() {
+        // Every other round runs the engines in reverse, so that no layout always runs
+        // right after the same one.
+        let order: Vec<usize> = if r % 2 == 0 {
+            (0..engines.len()).collect()
+        } else {
+            (0..engines.len()).rev().collect()
+        };
+        let mut round_all = vec![0.0; engines.len()];
+        for &i in &order {
+            let e = &mut engines[i];
             let (t, b) = e.time_matvecs_where(REPS, |_| true)?;
             let g = (b * REPS as u64) as f64 / t / 1e9;
             all[i].push(g);
-            round_all.push(g);
+            round_all[i] = g;
             for (k, (_, label)) in KINDS.iter().enumerate() {
                 if present[k] {
                     let (t, b) = e.time_matvecs_where(REPS, |l| l == *label)?;
@@ -149,6 +198,15 @@ pub fn run(
         }
         for (i, g) in round_all.iter().enumerate() {
             ratio[i].push(g / round_all[0].max(1e-12));
+        }
+        let mut round_dec = vec![0.0; engines.len()];
+        for &i in &order {
+            let t = decode(&mut engines[i])?;
+            dec[i].push(t);
+            round_dec[i] = t;
+        }
+        for (i, t) in round_dec.iter().enumerate() {
+            dec_ratio[i].push(t / round_dec[0].max(1e-12));
         }
         eprintln!("round {}/{rounds} done", r + 1);
     }
@@ -163,6 +221,8 @@ pub fn run(
                 .collect(),
             all_gb_s: median(&mut all[i]),
             vs_first: median(&mut ratio[i]),
+            decode_tok_s: median(&mut dec[i]),
+            decode_vs_first: median(&mut dec_ratio[i]),
         })
         .collect();
     Ok(LayoutsReport {
@@ -177,19 +237,20 @@ impl LayoutsReport {
     pub fn to_markdown(&self) -> String {
         let mut s = format!(
             "adapter {} ({}); {} rounds, each timing {REPS} passes of every kind of decode \
-             product on every layout in turn; GB/s of weight bytes, medians over the rounds; \
-             \"x first\" is the median of the rounds' ratios to the first layout\n\n",
+             product on every layout in turn, then decoding {DECODE_TOKENS} tokens after a \
+             {PROMPT}-token prompt on each (every other round in reverse order); GB/s of weight bytes and decode tok/s, medians over \
+             the rounds; \"x first\" is the median of the rounds' ratios to the first layout\n\n",
             self.adapter, self.adapter_class, self.rounds
         );
         s += "| layout | default |";
         for (name, _) in KINDS {
             s += &format!(" {name} |");
         }
-        s += " all products | x first |\n|---|---|";
+        s += " all products | x first | decode tok/s | decode x first |\n|---|---|";
         for _ in KINDS {
             s += "---|";
         }
-        s += "---|---|\n";
+        s += "---|---|---|---|\n";
         for r in &self.rows {
             s += &format!("| {} | {} |", r.layout, if r.default { "yes" } else { "" });
             for k in &r.kinds_gb_s {
@@ -198,7 +259,10 @@ impl LayoutsReport {
                     None => s += " - |",
                 }
             }
-            s += &format!(" {:.3} | {:.2} |\n", r.all_gb_s, r.vs_first);
+            s += &format!(
+                " {:.3} | {:.2} | {:.2} | {:.2} |\n",
+                r.all_gb_s, r.vs_first, r.decode_tok_s, r.decode_vs_first
+            );
         }
         s
     }
