@@ -294,7 +294,7 @@ fn rows(ws: u32, r: u32, t: u32, lane: u32) {
             sd += pair(ws, rd, rd2, k, xb, xs);
         }
     }
-#ifdef PF
+#ifdef TOUCH
     // Never true (no dispatch has zero rows), but not known to the compiler: keeps the touches.
     if (p.rows == 0u && touch == 0x9e3779b9u) {
         y[0] = 0.0;

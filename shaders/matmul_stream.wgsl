@@ -37,14 +37,16 @@ fn rd_open(s: u32, rb: u32, k: u32) -> Rd {
     return Rd(shift(u0, u1, a), u1, i + 2u, a);
 }
 
-#ifdef PF
-// Prefetch (PF: a distance in vec4s). On CPU rasterizers a thread's rows are separate short
+#ifdef TOUCH
+// Touches (TOUCH: bytes of each row). On CPU rasterizers a thread's rows are separate short
 // streams, too many at once for the hardware prefetchers, and a load of a word that is not
-// cached stalls its lane's load loop. A touch loads one word PF vec4s ahead of a stream, early
-// enough for the cache line to arrive before the stream reaches it; the words are folded into
+// cached stalls its lane's load loop. Before the streams start, each thread loads one word of
+// every cache line of the first TOUCH bytes of each of its rows, so that those misses are
+// waited for together rather than one stream step at a time. The words are folded into
 // `touch`, which only an impossible store reads, so that the loads stay.
 var<private> touch: u32;
 
+// Word i (a vec4 index) of weight s.
 fn wtouch(s: u32, i: u32) -> u32 {
 #ifdef SWIGLU
     if (s == 1u) {
@@ -60,10 +62,6 @@ fn wtouch(s: u32, i: u32) -> u32 {
     }
 #endif
     return w[i].x;
-}
-
-fn rd_touch(s: u32, r: ptr<function, Rd>) {
-    touch ^= wtouch(s, (*r).i + PF);
 }
 #endif
 
@@ -170,33 +168,6 @@ fn stream_step(
     sa: ptr<function, vec2<f32>>, sb: ptr<function, vec2<f32>>,
     sc: ptr<function, vec2<f32>>, sd: ptr<function, vec2<f32>>,
 ) {
-#ifdef PF
-    // A touch of each stream every 40 (Q4_1) or 68 (Q8_0) bytes: every cache line of a row.
-    if ((j & 1u) == 0u && (GB == 8u || j < 4u)) {
-        rd_touch(ws, da);
-        if (RPL > 1u) {
-            rd_touch(ws, db);
-        }
-        if (RPL > 2u) {
-            rd_touch(ws, dc);
-        }
-        if (RPL > 3u) {
-            rd_touch(ws, dd);
-        }
-#ifdef SWIGLU
-        rd_touch(1u, da2);
-        if (RPL > 1u) {
-            rd_touch(1u, db2);
-        }
-        if (RPL > 2u) {
-            rd_touch(1u, dc2);
-        }
-        if (RPL > 3u) {
-            rd_touch(1u, dd2);
-        }
-#endif
-    }
-#endif
     let c = (k + j) * 8u;
     let g = norm_w(c, lane);
     let xb = x_block(x0 + c, lane, g, q);
@@ -221,6 +192,36 @@ fn stream_rows(
     sa: ptr<function, vec2<f32>>, sb: ptr<function, vec2<f32>>,
     sc: ptr<function, vec2<f32>>, sd: ptr<function, vec2<f32>>,
 ) {
+#ifdef TOUCH
+    // Every 64 bytes from the row start, and one past its end: each line the row spans.
+    {
+        let n = min(p.row_bytes + 64u, TOUCH);
+        for (var o = 0u; o < n; o += 64u) {
+            touch ^= wtouch(ws, (ra + o) >> 4u);
+            if (RPL > 1u) {
+                touch ^= wtouch(ws, (rb + o) >> 4u);
+            }
+            if (RPL > 2u) {
+                touch ^= wtouch(ws, (rc + o) >> 4u);
+            }
+            if (RPL > 3u) {
+                touch ^= wtouch(ws, (rd + o) >> 4u);
+            }
+#ifdef SWIGLU
+            touch ^= wtouch(1u, (ra2 + o) >> 4u);
+            if (RPL > 1u) {
+                touch ^= wtouch(1u, (rb2 + o) >> 4u);
+            }
+            if (RPL > 2u) {
+                touch ^= wtouch(1u, (rc2 + o) >> 4u);
+            }
+            if (RPL > 3u) {
+                touch ^= wtouch(1u, (rd2 + o) >> 4u);
+            }
+#endif
+        }
+    }
+#endif
     // The streams of rows past RPL, and of W2 without SWIGLU, are never used: their loads are
     // dead code.
     var da = rd_open(ws, ra, 0u);

@@ -74,8 +74,8 @@ fn describe(l: &MatmulLayout) -> String {
             } else {
                 String::new()
             },
-            if l.load_words > 1 && l.prefetch > 0 {
-                format!(", touches {} vec4s ahead", l.prefetch)
+            if l.load_words > 1 && l.touch_bytes > 0 {
+                format!(", rows' first {} bytes touched first", l.touch_bytes)
             } else {
                 String::new()
             },
@@ -96,16 +96,15 @@ pub fn candidates(cpu: bool) -> Vec<MatmulLayout> {
             (2, 1, 0),
             (4, 1, 0),
             (2, 4, 0),
-            (4, 4, 0),
-            (1, 4, 8),
-            (2, 4, 8),
-            (4, 4, 8),
+            (1, 4, 4096),
+            (2, 4, 4096),
+            (4, 4, 4096),
         ]
         .into_iter()
-        .map(|(r, w, pf)| MatmulLayout {
+        .map(|(r, w, touch)| MatmulLayout {
             rows_per_lane: r,
             load_words: w,
-            prefetch: pf,
+            touch_bytes: touch,
             ..MatmulLayout::CPU
         })
         .collect()

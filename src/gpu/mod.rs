@@ -172,9 +172,9 @@ pub struct MatmulLayout {
     /// (Q4_1 and Q8_0 rows read as streams of vec4s). A load costs per lane on CPU
     /// rasterizers whatever its width.
     pub load_words: u32,
-    /// Those streamed rows: how far ahead, in vec4s, each stream touches a word of its row so
-    /// that the cache line is loaded before the stream needs it (0: no touches).
-    pub prefetch: u32,
+    /// Those streamed rows: bytes from each row's start whose cache lines a thread touches
+    /// (loads a word of) before its streams start, so that their misses overlap (0: none).
+    pub touch_bytes: u32,
 }
 
 impl MatmulLayout {
@@ -185,7 +185,7 @@ impl MatmulLayout {
         share_x: false,
         rows_per_lane: 1,
         load_words: 1,
-        prefetch: 0,
+        touch_bytes: 0,
     };
     /// CPU rasterizers (lavapipe, llvmpipe): a thread per row, no workgroup barriers; X shared
     /// through subgroups where the device has them. Eight rows make one 256-bit SIMD row; a
@@ -195,17 +195,17 @@ impl MatmulLayout {
     /// instead of shared). In decode 32 threads walk the 64 rows, two each, so that each load
     /// of X and of the norm weights serves two rows, and Q4_1 and Q8_0 rows are read four
     /// words a load (`bench layouts` times these against one and four rows a thread and word
-    /// loads side by side; BENCHMARKS §1 has the figures). Each row stream touches a word 8
-    /// vec4s (128 bytes) ahead: the 64 rows of a workgroup are too many short streams for the
-    /// hardware prefetchers, and whole decode passes ran faster with the touches than without
-    /// in `bench layouts` (its decode column).
+    /// loads side by side; BENCHMARKS §1 has the figures). Each thread touches every cache line
+    /// of the first 4 KiB of each of its rows before streaming them: the 64 rows of a workgroup
+    /// are too many short streams for the hardware prefetchers, and the touches let their
+    /// misses overlap (`bench layouts` decodes with and without them).
     pub const CPU: Self = Self {
         rows_per_wg: 64,
         tpr: 1,
         share_x: true,
         rows_per_lane: 2,
         load_words: 4,
-        prefetch: 8,
+        touch_bytes: 4096,
     };
     /// [`Self::CPU`] without subgroup operations (what adapters without them run).
     pub const CPU_PLAIN: Self = Self {

@@ -256,8 +256,8 @@ pub(super) fn matmul_defines(
                     .find(|a| words.is_multiple_of(*a))
                     .unwrap_or(1);
                 defines = defines.flag("WIDE").val("RA", format!("{ra}u"));
-                if layout.prefetch > 0 {
-                    defines = defines.val("PF", format!("{}u", layout.prefetch));
+                if layout.touch_bytes > 0 {
+                    defines = defines.val("TOUCH", format!("{}u", layout.touch_bytes));
                 }
             }
         }

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use flashlm::gpu::MatmulLayout;
 
 /// The CPU layout with one row a thread in decode and with four, reading words (the default
-/// walks two rows, reading Q4_1 rows as vec4s with prefetch touches), and with one row a
+/// walks two rows, reading Q4_1 rows as vec4s after touching them), and with one row a
 /// thread reading vec4s without touches, so the kernel tests cover every decode walk.
 pub const CPU_ROW_WALKS: [MatmulLayout; 3] = [
     MatmulLayout {
@@ -21,7 +21,7 @@ pub const CPU_ROW_WALKS: [MatmulLayout; 3] = [
     },
     MatmulLayout {
         rows_per_lane: 1,
-        prefetch: 0,
+        touch_bytes: 0,
         ..MatmulLayout::CPU
     },
 ];
