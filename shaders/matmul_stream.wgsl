@@ -46,7 +46,8 @@ fn rd_open(s: u32, rb: u32, k: u32) -> Rd {
 // `touch`, which only an impossible store reads, so that the loads stay.
 var<private> touch: u32;
 
-// Word i (a vec4 index) of weight s.
+// The first word of vec4 i of weight s: wload's choice of weight, but one word (on CPU
+// rasterizers a load costs per component, and a touch needs only its cache line).
 fn wtouch(s: u32, i: u32) -> u32 {
 #ifdef SWIGLU
     if (s == 1u) {
