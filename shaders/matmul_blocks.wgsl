@@ -66,6 +66,40 @@ fn load_raw(s: u32, rb: u32, k: u32) -> Raw {
 #else
     let b = rb + k * BLOCK_BYTES;
     let i = b >> 2u;
+#ifdef WIDE
+    // Weights bound as vec4s: the block's words from the two (Q8_0: three) vec4s that hold
+    // them, rather than a vec4 load per word (a load costs per component on CPU rasterizers).
+    let a = i & 3u;
+    let u0 = wload(s, b >> 4u);
+    let u1 = wload(s, (b >> 4u) + 1u);
+    let wa = words_from(u0, u1, a);
+#ifdef Q4_1
+    let dm = unpack2x16float(wa.x);
+    let e = u1[a];
+    return Raw(Blk(lo4(wa.y), lo4(wa.z), lo4(wa.w), lo4(e), hi4(wa.y), hi4(wa.z), hi4(wa.w), hi4(e)), dm.x, dm.y);
+#endif
+#ifdef Q8_0
+    let u2 = wload(s, (b >> 4u) + 2u);
+    let wb = words_from(u1, u2, a);
+    let odd = (b & 2u) != 0u;
+    let d = unpack2x16float(select(wa.x, wa.x >> 16u, odd)).x;
+    let w8 = u2[a];
+    return Raw(
+        Blk(
+            vec4<f32>(unpack4xI8(shifted(odd, wa.x, wa.y))),
+            vec4<f32>(unpack4xI8(shifted(odd, wa.y, wa.z))),
+            vec4<f32>(unpack4xI8(shifted(odd, wa.z, wa.w))),
+            vec4<f32>(unpack4xI8(shifted(odd, wa.w, wb.x))),
+            vec4<f32>(unpack4xI8(shifted(odd, wb.x, wb.y))),
+            vec4<f32>(unpack4xI8(shifted(odd, wb.y, wb.z))),
+            vec4<f32>(unpack4xI8(shifted(odd, wb.z, wb.w))),
+            vec4<f32>(unpack4xI8(shifted(odd, wb.w, w8)))
+        ),
+        d,
+        0.0
+    );
+#endif
+#else
 #ifdef Q4_1
     // f16 d, f16 m, 16 bytes; byte j holds elements j (low nibble) and j + 16 (high).
     let dm = unpack2x16float(word(s, i));
@@ -118,6 +152,7 @@ fn load_raw(s: u32, rb: u32, k: u32) -> Raw {
         d,
         0.0
     );
+#endif
 #endif
 #endif
 }

@@ -107,7 +107,15 @@ fn matmul_every_type_odd_sizes() {
         } else {
             // 8 and 18 blocks: Q4_1 and Q8_0 rows read as streams of vec4s, row starts 4, 2
             // (Q4_1) and 1 (Q8_0) words apart.
-            &[(37, 64), (5, 96), (66, 160), (9, 256), (7, 576)]
+            &[
+                (37, 64),
+                (5, 96),
+                (66, 160),
+                (9, 256),
+                (7, 576),
+                (11, 384),
+                (6, 448),
+            ]
         };
         for &(rows, cols) in shapes {
             let (bytes, deq) = weights(&mut rng, ty, rows, cols);
