@@ -66,9 +66,14 @@ fn describe(l: &MatmulLayout) -> String {
         )
     } else {
         format!(
-            "{} rows a workgroup, {} a thread in decode{}{}{}",
+            "{} rows a workgroup, {} a thread in decode{}{}{}{}",
             l.rows_per_wg,
             l.rows_per_lane,
+            if l.multi_rows_per_lane != l.rows_per_lane {
+                format!(" ({} in the one-dispatch Q/K/V)", l.multi_rows_per_lane)
+            } else {
+                String::new()
+            },
             if l.load_words > 1 {
                 format!(", loads of up to {} words", l.load_words)
             } else {
@@ -92,19 +97,21 @@ fn describe(l: &MatmulLayout) -> String {
 pub fn candidates(cpu: bool) -> Vec<MatmulLayout> {
     if cpu {
         [
-            (1, 1, 0),
-            (2, 1, 0),
-            (4, 1, 0),
-            (2, 4, 0),
-            (1, 4, 4096),
-            (2, 4, 4096),
-            (4, 4, 4096),
+            (1, 1, 0, 1),
+            (2, 1, 0, 2),
+            (4, 1, 0, 4),
+            (2, 4, 0, 2),
+            (1, 4, 4096, 1),
+            (2, 4, 4096, 2),
+            (4, 4, 4096, 4),
+            (2, 4, 4096, 4),
         ]
         .into_iter()
-        .map(|(r, w, touch)| MatmulLayout {
+        .map(|(r, w, touch, m)| MatmulLayout {
             rows_per_lane: r,
             load_words: w,
             touch_bytes: touch,
+            multi_rows_per_lane: m,
             ..MatmulLayout::CPU
         })
         .collect()

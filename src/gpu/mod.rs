@@ -175,6 +175,10 @@ pub struct MatmulLayout {
     /// Those streamed rows: bytes from each row's start whose cache lines a thread touches
     /// (loads a word of) before its streams start, so that their misses overlap (0: none).
     pub touch_bytes: u32,
+    /// `rows_per_lane` for the decode products of Q, K and V in one dispatch
+    /// (`kernels::matmul_multi`): they normalize their X themselves, so each thread loads X
+    /// and the norm weights for every block, and more rows a thread share those loads.
+    pub multi_rows_per_lane: u32,
 }
 
 impl MatmulLayout {
@@ -186,6 +190,7 @@ impl MatmulLayout {
         rows_per_lane: 1,
         load_words: 1,
         touch_bytes: 0,
+        multi_rows_per_lane: 1,
     };
     /// CPU rasterizers (lavapipe, llvmpipe): a thread per row, no workgroup barriers; X shared
     /// through subgroups where the device has them. Eight rows make one 256-bit SIMD row; a
@@ -198,7 +203,8 @@ impl MatmulLayout {
     /// loads side by side; BENCHMARKS §1 has the figures). Each thread touches every cache line
     /// of the first 4 KiB of each of its rows before streaming them: the 64 rows of a workgroup
     /// are too many short streams for the hardware prefetchers, and the touches let their
-    /// misses overlap (`bench layouts` decodes with and without them).
+    /// misses overlap (`bench layouts` decodes with and without them). The one-dispatch Q/K/V
+    /// products, which also load the norm weights for every block, walk four rows a thread.
     pub const CPU: Self = Self {
         rows_per_wg: 64,
         tpr: 1,
@@ -206,6 +212,7 @@ impl MatmulLayout {
         rows_per_lane: 2,
         load_words: 4,
         touch_bytes: 4096,
+        multi_rows_per_lane: 4,
     };
     /// [`Self::CPU`] without subgroup operations (what adapters without them run).
     pub const CPU_PLAIN: Self = Self {

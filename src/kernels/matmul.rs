@@ -198,6 +198,18 @@ pub(super) fn matmul_defines(
     io: MatmulIo,
     gate: Option<Gate>,
 ) -> Result<Defines, KernelError> {
+    matmul_defines_rpl(ctx, ty, cols, io, gate, ctx.matmul_layout.rows_per_lane)
+}
+
+/// [`matmul_defines`] with `rpl` rows a thread in decode in place of the layout's.
+pub(super) fn matmul_defines_rpl(
+    ctx: &GpuContext,
+    ty: GgmlType,
+    cols: u32,
+    io: MatmulIo,
+    gate: Option<Gate>,
+    rpl: u32,
+) -> Result<Defines, KernelError> {
     let tt = io.token_tile.max(1);
     let layout = ctx.matmul_layout;
     if !u64::from(cols).is_multiple_of(ty.block_len()) {
@@ -237,7 +249,6 @@ pub(super) fn matmul_defines(
         }
         // Decode with several rows a thread (at most 4), or Q4_1 / Q8_0 rows read as streams
         // of vec4s (one row a thread or more): whole subgroups of threads.
-        let rpl = layout.rows_per_lane;
         // Streams need word-aligned rows (Q8_0: an even number of 34-byte blocks).
         let wide = layout.load_words >= 4
             && (ty == GgmlType::Q4_1 || (ty == GgmlType::Q8_0 && (cols / 32).is_multiple_of(2)));

@@ -4,7 +4,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use super::matmul::{MatmulParams, matmul_defines, norm_defines};
+use super::matmul::{MatmulParams, matmul_defines_rpl, norm_defines};
 use super::{
     Dispatch, GpuWeight, KernelError, MatmulIo, Norm, TokenAxis, make_dispatch_at, params_buffer,
 };
@@ -77,7 +77,8 @@ pub fn matmul_multi(
         });
     }
     let first = products[0].w;
-    let mut defines = matmul_defines(ctx, first.ty, first.cols, io, None)?.flag("MULTI");
+    let rpl = ctx.matmul_layout.multi_rows_per_lane;
+    let mut defines = matmul_defines_rpl(ctx, first.ty, first.cols, io, None, rpl)?.flag("MULTI");
     if norm.is_some() {
         defines = norm_defines(ctx, first.ty, defines)?;
     }
