@@ -59,6 +59,45 @@ struct Raw {
     m: f32,
 }
 
+// Words i to i + 4 of weight s, and (W9) to i + 8.
+struct W5 {
+    a: vec4<u32>,
+    e: u32,
+}
+
+struct W9 {
+    a: vec4<u32>,
+    b: vec4<u32>,
+    c: u32,
+}
+
+// WIDE (weights bound as vec4s): from the two (W9: three) vec4s that hold them, rather than
+// a vec4 load per word (a load costs per component on CPU rasterizers).
+fn words5(s: u32, i: u32) -> W5 {
+#ifdef WIDE
+    let u0 = wload(s, i >> 2u);
+    let u1 = wload(s, (i >> 2u) + 1u);
+    return W5(words_from(u0, u1, i & 3u), u1[i & 3u]);
+#else
+    return W5(vec4<u32>(word(s, i), word(s, i + 1u), word(s, i + 2u), word(s, i + 3u)), word(s, i + 4u));
+#endif
+}
+
+fn words9(s: u32, i: u32) -> W9 {
+#ifdef WIDE
+    let u0 = wload(s, i >> 2u);
+    let u1 = wload(s, (i >> 2u) + 1u);
+    let u2 = wload(s, (i >> 2u) + 2u);
+    return W9(words_from(u0, u1, i & 3u), words_from(u1, u2, i & 3u), u2[i & 3u]);
+#else
+    return W9(
+        vec4<u32>(word(s, i), word(s, i + 1u), word(s, i + 2u), word(s, i + 3u)),
+        vec4<u32>(word(s, i + 4u), word(s, i + 5u), word(s, i + 6u), word(s, i + 7u)),
+        word(s, i + 8u)
+    );
+#endif
+}
+
 // Block k of the row at byte offset rb of weight s, undecoded.
 fn load_raw(s: u32, rb: u32, k: u32) -> Raw {
 #ifdef EXT
@@ -66,93 +105,47 @@ fn load_raw(s: u32, rb: u32, k: u32) -> Raw {
 #else
     let b = rb + k * BLOCK_BYTES;
     let i = b >> 2u;
-#ifdef WIDE
-    // Weights bound as vec4s: the block's words from the two (Q8_0: three) vec4s that hold
-    // them, rather than a vec4 load per word (a load costs per component on CPU rasterizers).
-    let a = i & 3u;
-    let u0 = wload(s, b >> 4u);
-    let u1 = wload(s, (b >> 4u) + 1u);
-    let wa = words_from(u0, u1, a);
-#ifdef Q4_1
-    let dm = unpack2x16float(wa.x);
-    let e = u1[a];
-    return Raw(Blk(lo4(wa.y), lo4(wa.z), lo4(wa.w), lo4(e), hi4(wa.y), hi4(wa.z), hi4(wa.w), hi4(e)), dm.x, dm.y);
-#endif
-#ifdef Q8_0
-    let u2 = wload(s, (b >> 4u) + 2u);
-    let wb = words_from(u1, u2, a);
-    let odd = (b & 2u) != 0u;
-    let d = unpack2x16float(select(wa.x, wa.x >> 16u, odd)).x;
-    let w8 = u2[a];
-    return Raw(
-        Blk(
-            vec4<f32>(unpack4xI8(shifted(odd, wa.x, wa.y))),
-            vec4<f32>(unpack4xI8(shifted(odd, wa.y, wa.z))),
-            vec4<f32>(unpack4xI8(shifted(odd, wa.z, wa.w))),
-            vec4<f32>(unpack4xI8(shifted(odd, wa.w, wb.x))),
-            vec4<f32>(unpack4xI8(shifted(odd, wb.x, wb.y))),
-            vec4<f32>(unpack4xI8(shifted(odd, wb.y, wb.z))),
-            vec4<f32>(unpack4xI8(shifted(odd, wb.z, wb.w))),
-            vec4<f32>(unpack4xI8(shifted(odd, wb.w, w8)))
-        ),
-        d,
-        0.0
-    );
-#endif
-#else
 #ifdef Q4_1
     // f16 d, f16 m, 16 bytes; byte j holds elements j (low nibble) and j + 16 (high).
-    let dm = unpack2x16float(word(s, i));
-    let q0 = word(s, i + 1u);
-    let q1 = word(s, i + 2u);
-    let q2 = word(s, i + 3u);
-    let q3 = word(s, i + 4u);
+    let w = words5(s, i);
+    let dm = unpack2x16float(w.a.x);
+    let q0 = w.a.y;
+    let q1 = w.a.z;
+    let q2 = w.a.w;
+    let q3 = w.e;
     return Raw(Blk(lo4(q0), lo4(q1), lo4(q2), lo4(q3), hi4(q0), hi4(q1), hi4(q2), hi4(q3)), dm.x, dm.y);
 #endif
 #ifdef Q4_0
     // f16 d, 16 bytes as in Q4_1; w = d * (q - 8). Blocks start at even bytes: the five words
     // from word i hold the whole block.
     let odd = (b & 2u) != 0u;
-    let w0 = word(s, i);
-    let w1 = word(s, i + 1u);
-    let w2 = word(s, i + 2u);
-    let w3 = word(s, i + 3u);
-    let w4 = word(s, i + 4u);
-    let d = unpack2x16float(select(w0, w0 >> 16u, odd)).x;
-    let q0 = shifted(odd, w0, w1);
-    let q1 = shifted(odd, w1, w2);
-    let q2 = shifted(odd, w2, w3);
-    let q3 = shifted(odd, w3, w4);
+    let w = words5(s, i);
+    let d = unpack2x16float(select(w.a.x, w.a.x >> 16u, odd)).x;
+    let q0 = shifted(odd, w.a.x, w.a.y);
+    let q1 = shifted(odd, w.a.y, w.a.z);
+    let q2 = shifted(odd, w.a.z, w.a.w);
+    let q3 = shifted(odd, w.a.w, w.e);
     return Raw(Blk(lo4(q0), lo4(q1), lo4(q2), lo4(q3), hi4(q0), hi4(q1), hi4(q2), hi4(q3)), d, -8.0 * d);
 #endif
 #ifdef Q8_0
     // f16 d, 32 signed bytes; w = d * q. Nine words from word i hold the block.
     let odd = (b & 2u) != 0u;
-    let w0 = word(s, i);
-    let w1 = word(s, i + 1u);
-    let w2 = word(s, i + 2u);
-    let w3 = word(s, i + 3u);
-    let w4 = word(s, i + 4u);
-    let w5 = word(s, i + 5u);
-    let w6 = word(s, i + 6u);
-    let w7 = word(s, i + 7u);
-    let w8 = word(s, i + 8u);
-    let d = unpack2x16float(select(w0, w0 >> 16u, odd)).x;
+    let w = words9(s, i);
+    let d = unpack2x16float(select(w.a.x, w.a.x >> 16u, odd)).x;
     return Raw(
         Blk(
-            vec4<f32>(unpack4xI8(shifted(odd, w0, w1))),
-            vec4<f32>(unpack4xI8(shifted(odd, w1, w2))),
-            vec4<f32>(unpack4xI8(shifted(odd, w2, w3))),
-            vec4<f32>(unpack4xI8(shifted(odd, w3, w4))),
-            vec4<f32>(unpack4xI8(shifted(odd, w4, w5))),
-            vec4<f32>(unpack4xI8(shifted(odd, w5, w6))),
-            vec4<f32>(unpack4xI8(shifted(odd, w6, w7))),
-            vec4<f32>(unpack4xI8(shifted(odd, w7, w8)))
+            vec4<f32>(unpack4xI8(shifted(odd, w.a.x, w.a.y))),
+            vec4<f32>(unpack4xI8(shifted(odd, w.a.y, w.a.z))),
+            vec4<f32>(unpack4xI8(shifted(odd, w.a.z, w.a.w))),
+            vec4<f32>(unpack4xI8(shifted(odd, w.a.w, w.b.x))),
+            vec4<f32>(unpack4xI8(shifted(odd, w.b.x, w.b.y))),
+            vec4<f32>(unpack4xI8(shifted(odd, w.b.y, w.b.z))),
+            vec4<f32>(unpack4xI8(shifted(odd, w.b.z, w.b.w))),
+            vec4<f32>(unpack4xI8(shifted(odd, w.b.w, w.c)))
         ),
         d,
         0.0
     );
-#endif
 #endif
 #endif
 }

@@ -105,8 +105,9 @@ fn matmul_every_type_odd_sizes() {
         let shapes: &[(usize, usize)] = if float {
             &[(37, 21), (5, 96), (66, 131)]
         } else {
-            // 8 and 18 blocks: Q4_1 and Q8_0 rows read as streams of vec4s, row starts 4, 2
-            // (Q4_1) and 1 (Q8_0) words apart.
+            // 8, 12, 14 and 18 blocks: Q4_1 and Q8_0 rows read as streams of vec4s, row starts
+            // 4, 2 (Q4_1) and 1 (Q8_0) words apart, rows ending in 1 to 3 (Q4_1) and 2 to 6
+            // (Q8_0) blocks past the streams' groups.
             &[
                 (37, 64),
                 (5, 96),
