@@ -31,11 +31,13 @@ fn stream_bench_runs_every_scenario_in_each_round() {
             name: "all resident".into(),
             budget: None,
             io: IoMode::Mmap,
+            upload: None,
         },
         Scenario {
             name: "small".into(),
             budget: Some(12 << 20),
             io: IoMode::Mmap,
+            upload: None,
         },
     ];
     let report = stream(&m, &EngineOptions::default(), &scenarios, 8, 4, 2).unwrap();

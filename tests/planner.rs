@@ -322,11 +322,35 @@ fn token_work_of_a_real_plan_matches_hand_numbers() {
         40,
         &RunIo {
             in_place: true,
-            ..io
+            ..io.clone()
         },
         0.5,
     );
     assert_eq!((w.piece, w.threads, w.weight_upload_bytes), (1 << 20, 4, 0));
+    // A host cache of a layer and a half pins the first bytes a pass reads: all of layer 0
+    // and half of layer 1 come from DRAM, the rest of layer 1 and the head from flash; every
+    // byte is still copied to the device.
+    let w = token_work(
+        &plan,
+        40,
+        &RunIo {
+            dram: layer + layer / 2,
+            ..io.clone()
+        },
+        0.5,
+    );
+    let flash: Vec<f64> = w.stages.iter().map(|s| s.flash_bytes).collect();
+    assert_eq!(flash, vec![0.0, (layer / 2) as f64, head as f64]);
+    assert_eq!(w.weight_flash_bytes, layer / 2 + head);
+    let up: Vec<f64> = w.stages.iter().map(|s| s.upload_bytes).collect();
+    assert_eq!(up, vec![layer as f64, layer as f64, head as f64]);
+    // Priced: layer 0 reads nothing, layer 1 reads 19584 bytes (39.168 µs at 0.5 GB/s) and
+    // the head 272 µs; copies and compute as above. Layer 0: copy [0, u], compute to
+    // u + c = 234.08; layer 1's read [u, u + 39.168] (after layer 0's copy), its copy after
+    // layer 0's compute: to 243.872, compute to 468.16; the head's read [243.872, 515.872],
+    // copy to 549.872, compute to 685.872.
+    let p = predict_token(&cal, &w);
+    assert!(close(p.pipelined_ms * 1e3, 685.872), "{p:?}");
 }
 
 /// The lines of `text` that start with `prefix`.

@@ -313,23 +313,50 @@ fn in_place_and_staging_uploads_give_identical_tokens() {
         return;
     }
     drop(ctx);
+    use flashlm::flash::source::FlashSource;
+    use flashlm::flash::{FlashFile, IoMode, ReaderOptions};
     let spec = SyntheticSpec::tiny(GgmlType::Q4_1);
-    let gguf = Arc::new(GgufFile::from_bytes(synthetic_llama(&spec, 8)).unwrap());
+    let bytes = synthetic_llama(&spec, 8);
+    let path = std::env::temp_dir().join(format!("flashlm-inplace-{}.gguf", std::process::id()));
+    std::fs::write(&path, &bytes).unwrap();
+    let gguf = Arc::new(GgufFile::from_bytes(bytes).unwrap());
     let prompt = [5, 9, 44, 17, 3, 99, 120];
     let mut got = Vec::new();
-    for mode in [UploadMode::Staging, UploadMode::InPlace] {
+    // From memory (one reader), then in place from the file with four reader threads: a
+    // layer's tensors are read side by side into their mapped slots.
+    for (mode, threads) in [
+        (UploadMode::Staging, 0),
+        (UploadMode::InPlace, 0),
+        (UploadMode::InPlace, 4),
+    ] {
         let mut o = opts(None, 32);
         o.upload = mode;
         o.resident = ResidentSpec::parse("none", spec.n_layers).unwrap();
-        let mut e = Engine::new(gguf.clone(), &o).unwrap();
+        let mut e = if threads == 0 {
+            Engine::new(gguf.clone(), &o).unwrap()
+        } else {
+            let file = FlashFile::open(
+                &path,
+                ReaderOptions {
+                    mode: IoMode::Mmap,
+                    threads,
+                    chunk: 4096,
+                },
+            )
+            .unwrap();
+            Engine::with_source(gguf.clone(), Arc::new(FlashSource::new(file, 0)), &o).unwrap()
+        };
         assert!(e.placement.streaming);
         assert_eq!(e.in_place, mode == UploadMode::InPlace);
         let r = run(&mut e, &prompt, 8);
         assert_eq!(e.ctx.budget.peak(), e.plan.total);
         got.push(r);
     }
-    assert_eq!(got[0].0, got[1].0);
-    assert!(got[0].1 == got[1].1, "first-step logits differ");
+    let _ = std::fs::remove_file(&path);
+    for (i, g) in got.iter().enumerate().skip(1) {
+        assert_eq!(got[0].0, g.0, "case {i}");
+        assert!(got[0].1 == g.1, "case {i}: first-step logits differ");
+    }
 }
 
 #[test]

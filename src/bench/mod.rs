@@ -346,6 +346,8 @@ pub struct Scenario {
     pub name: String,
     pub budget: Option<u64>,
     pub io: crate::flash::IoMode,
+    /// How streamed weights reach the device (None: the options' choice).
+    pub upload: Option<crate::engine::UploadMode>,
 }
 
 /// One run of one streaming scenario: load the engine with a cold page cache, prefill the
@@ -364,6 +366,9 @@ fn stream_run(
     let mut opts = base.clone();
     opts.gpu.budget = sc.budget;
     opts.ctx = Some(prompt.len() + n_gen);
+    if let Some(u) = sc.upload {
+        opts.upload = u;
+    }
     let file = FlashFile::open(
         &model.path,
         ReaderOptions {

@@ -35,6 +35,7 @@ pub fn bench(cli: &Cli, b: &BenchArgs) -> CliResult<()> {
                 name: "all resident".into(),
                 budget: None,
                 io: model.io_mode(),
+                upload: None,
             }];
             for (i, b) in budgets.iter().enumerate() {
                 scenarios.push(crate::bench::Scenario {
@@ -47,7 +48,27 @@ pub fn bench(cli: &Cli, b: &BenchArgs) -> CliResult<()> {
                     },
                     budget: Some(*b),
                     io: model.io_mode(),
+                    upload: None,
                 });
+            }
+            // S1 both ways where the adapter can fill layer slots in place: the row above
+            // takes the upload path the engine picks for it, this one the other.
+            if budgets.first() == Some(&(16 << 20))
+                && base.upload == crate::engine::UploadMode::Auto
+                && let Some(other) = other_upload(&base)?
+            {
+                scenarios.insert(
+                    2,
+                    crate::bench::Scenario {
+                        name: match other {
+                            crate::engine::UploadMode::InPlace => "S1, in place".into(),
+                            _ => "S1, staging".into(),
+                        },
+                        budget: Some(16 << 20),
+                        io: model.io_mode(),
+                        upload: Some(other),
+                    },
+                );
             }
             let report = crate::bench::stream(&m, &base, &scenarios, *prompt_tokens, *n, *runs)?;
             println!("{}", report.to_markdown());
@@ -217,4 +238,22 @@ fn save_json(path: Option<&std::path::Path>, v: &impl serde::Serialize) -> CliRe
             .map_err(|e| format!("writing {}: {e}", j.display()))?;
     }
     Ok(())
+}
+
+/// The upload path the engine does not pick on the options' adapter, where both work: None
+/// when layer slots cannot be mapped (staging only).
+fn other_upload(
+    base: &crate::engine::EngineOptions,
+) -> CliResult<Option<crate::engine::UploadMode>> {
+    use crate::engine::{Engine, UploadMode};
+    let ctx = crate::gpu::GpuContext::new(&base.gpu)?;
+    if !ctx.mappable {
+        return Ok(None);
+    }
+    let auto_in_place = Engine::device_plan_options(base, &ctx)?.in_place;
+    Ok(Some(if auto_in_place {
+        UploadMode::Staging
+    } else {
+        UploadMode::InPlace
+    }))
 }

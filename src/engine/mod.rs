@@ -189,8 +189,8 @@ pub struct EngineOptions {
 /// How streamed weights reach their layer slots.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum UploadMode {
-    /// In place on integrated GPUs that offer mappable storage buffers, else through the
-    /// staging ring (CPU rasterizers included: measured faster there).
+    /// In place on integrated GPUs and CPU rasterizers that offer mappable storage buffers
+    /// (device memory is host memory), else through the staging ring.
     Auto,
     /// Read into the staging ring, then copied into the slots by the device.
     Staging,

@@ -140,14 +140,14 @@ impl Uploader {
         let t0 = self.t0;
         self.queue.submit_at(need, Priority::Weights, move || {
             let start = t0.elapsed().as_secs_f64();
-            let mut upload = UploadStats::default();
-            for r in &reqs {
-                let (w, rd) = fill_in_place(&ctx, source.as_ref(), r)?;
-                upload.wait_s += w;
-                upload.read_s += rd;
-                upload.bytes += r.len;
-                upload.chunks += 1;
-            }
+            let (wait_s, read_s) = fill_in_place(&ctx, source.as_ref(), &reqs)?;
+            let upload = UploadStats {
+                bytes: reqs.iter().map(|r| r.len).sum(),
+                chunks: reqs.len() as u32,
+                read_s,
+                wait_s,
+                wraps: 0,
+            };
             Ok(weights_done(source.as_ref(), hints, upload, start, t0))
         })
     }
@@ -330,33 +330,52 @@ fn read_runs(
     Ok(())
 }
 
-/// Map `r.dst` for writing (once the device has finished the work queued on it), read the
-/// source range into it and unmap; returns (seconds waiting for the map, seconds reading).
+/// Map every destination of `reqs` for writing (all requested at once, so their waits for the
+/// device overlap), read the source ranges into them, from up to the reader's thread count at
+/// a time (a layer's tensors are short reads: one after another they would leave the flash
+/// idle between them), and unmap; returns (seconds waiting for the maps, seconds reading).
 fn fill_in_place(
     ctx: &GpuContext,
     src: &dyn WeightSource,
-    r: &OwnedReq,
+    reqs: &[OwnedReq],
 ) -> Result<(f64, f64), String> {
-    let padded = r.len.div_ceil(4) * 4;
-    let end = r.dst_offset + padded;
-    if !r.dst_offset.is_multiple_of(8) || end > r.dst.size() {
-        return Err(format!(
-            "in-place upload range [{}, {end}) does not fit the {}-byte buffer",
-            r.dst_offset,
-            r.dst.size()
-        ));
+    let mut ranges = Vec::with_capacity(reqs.len());
+    for r in reqs {
+        let end = r.dst_offset + r.len.div_ceil(4) * 4;
+        if !r.dst_offset.is_multiple_of(8) || end > r.dst.size() {
+            return Err(format!(
+                "in-place upload range [{}, {end}) does not fit the {}-byte buffer",
+                r.dst_offset,
+                r.dst.size()
+            ));
+        }
+        ranges.push(r.dst_offset..end);
     }
     let t = Instant::now();
     let (tx, rx) = std::sync::mpsc::channel();
-    r.dst
-        .slice(r.dst_offset..end)
-        .map_async(wgpu::MapMode::Write, move |res| {
-            let _ = tx.send(res);
-        });
-    // Callbacks run inside some thread's poll: poll without blocking on other work.
-    let mapped = loop {
+    for (i, (r, range)) in reqs.iter().zip(&ranges).enumerate() {
+        let tx = tx.clone();
+        r.dst
+            .slice(range.clone())
+            .map_async(wgpu::MapMode::Write, move |res| {
+                let _ = tx.send((i, res));
+            });
+    }
+    drop(tx);
+    // Callbacks run inside some thread's poll: poll without blocking on other work. Every
+    // request answers (mapped or failed) before the buffers may be touched or unmapped.
+    let mut mapped = vec![false; reqs.len()];
+    let mut failure = None;
+    let mut answered = 0;
+    while answered < reqs.len() {
         match rx.recv_timeout(std::time::Duration::from_micros(200)) {
-            Ok(res) => break res,
+            Ok((i, res)) => {
+                answered += 1;
+                match res {
+                    Ok(()) => mapped[i] = true,
+                    Err(e) => failure = Some(format!("mapping a layer slot failed: {e}")),
+                }
+            }
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
                 ctx.device
                     .poll(wgpu::PollType::Poll)
@@ -367,28 +386,81 @@ fn fill_in_place(
             }
             Err(e) => return Err(e.to_string()),
         }
-    };
-    mapped.map_err(|e| format!("mapping a layer slot failed: {e}"))?;
+    }
     let waited = t.elapsed().as_secs_f64();
     let t = Instant::now();
-    let res = {
-        let mut view = r
-            .dst
-            .slice(r.dst_offset..end)
-            .get_mapped_range_mut()
-            .map_err(|e| e.to_string())?;
+    let res = match failure {
+        Some(e) => Err(e),
+        None => read_mapped(src, reqs, &ranges),
+    };
+    for (r, m) in reqs.iter().zip(mapped) {
+        if m {
+            r.dst.unmap();
+        }
+    }
+    res.map(|()| (waited, t.elapsed().as_secs_f64()))
+}
+
+/// Read each request's source range into its mapped destination `ranges` (zeroing the padding
+/// after it), over up to the source's reader thread count.
+fn read_mapped(
+    src: &dyn WeightSource,
+    reqs: &[OwnedReq],
+    ranges: &[std::ops::Range<u64>],
+) -> Result<(), String> {
+    let mut views = Vec::with_capacity(reqs.len());
+    for (r, range) in reqs.iter().zip(ranges) {
+        views.push(
+            r.dst
+                .slice(range.clone())
+                .get_mapped_range_mut()
+                .map_err(|e| e.to_string())?,
+        );
+    }
+    let mut jobs: Vec<(&OwnedReq, &mut [u8])> = Vec::with_capacity(reqs.len());
+    for (r, view) in reqs.iter().zip(views.iter_mut()) {
         let mut w = view.slice(..);
         let len = w.len();
         let ptr = w.as_raw_element_ptr();
-        // SAFETY: `view` maps exactly `len` bytes, held exclusively until this block ends; the
-        // memory is initialized (wgpu zero-fills buffers) and only written here.
+        // SAFETY: `view` maps exactly `len` bytes of its own buffer range, held exclusively
+        // until `views` drops after the reads; the memory is initialized (wgpu zero-fills
+        // buffers) and only written through this slice.
         let bytes: &mut [u8] = unsafe { std::slice::from_raw_parts_mut(ptr.as_ptr(), len) };
         bytes[r.len as usize..].fill(0);
+        jobs.push((r, bytes));
+    }
+    let threads = src
+        .reader_options()
+        .map_or(1, |o| o.threads)
+        .clamp(1, jobs.len().max(1));
+    let read = |(r, bytes): (&OwnedReq, &mut [u8])| {
         src.read_into(r.src_offset, &mut bytes[..r.len as usize])
+            .map_err(|e| format!("reading {} bytes at {}: {e}", r.len, r.src_offset))
     };
-    r.dst.unmap();
-    res.map_err(|e| format!("reading {} bytes at {}: {e}", r.len, r.src_offset))?;
-    Ok((waited, t.elapsed().as_secs_f64()))
+    let res = if threads == 1 {
+        jobs.into_iter().try_for_each(read)
+    } else {
+        let queue = Mutex::new(jobs.into_iter());
+        let next = || queue.lock().unwrap_or_else(|p| p.into_inner()).next();
+        std::thread::scope(|s| {
+            let workers: Vec<_> = (0..threads)
+                .map(|_| {
+                    s.spawn(|| {
+                        while let Some(j) = next() {
+                            read(j)?;
+                        }
+                        Ok::<(), String>(())
+                    })
+                })
+                .collect();
+            workers.into_iter().try_for_each(|w| {
+                w.join()
+                    .unwrap_or_else(|_| Err("an in-place reader thread panicked".to_string()))
+            })
+        })
+    };
+    drop(views);
+    res
 }
 
 fn run_batch(

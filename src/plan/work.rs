@@ -292,11 +292,14 @@ pub fn token_work(plan: &ExecPlan, n_past: usize, io: &RunIo, reuse: f64) -> Tok
     let ring = plan.ring_slots as u64 * plan.ring_chunk;
     let ring_share = (!io.in_place && ring < largest).then(|| ring as f64 / largest as f64);
     let p = kv_prediction(plan, n_past, io.dram, reuse);
-    // The host cache keeps the first weight bytes it sees: flash reads are a share of them.
-    let flash_share = if streamed > 0 {
-        streamed.saturating_sub(io.dram) as f64 / streamed as f64
-    } else {
-        0.0
+    // The host cache pins the first weight bytes it sees, and a pass reads the streamed
+    // layers in order, then the head: the first of them come from DRAM every token, the
+    // rest from flash. `flash_part` takes a stage's bytes in that order.
+    let mut dram_left = io.dram;
+    let mut flash_part = |bytes: u64| {
+        let cached = bytes.min(dram_left);
+        dram_left -= cached;
+        (bytes - cached) as f64
     };
     let kv_flash = p.flash_bytes_per_token / n_layers.max(1) as f64;
     let kv_up = p.kv_bytes_per_token / n_layers.max(1) as f64;
@@ -318,7 +321,7 @@ pub fn token_work(plan: &ExecPlan, n_past: usize, io: &RunIo, reuse: f64) -> Tok
             };
             StageWork {
                 matrices,
-                flash_bytes: bytes as f64 * flash_share,
+                flash_bytes: flash_part(bytes),
                 kv_flash_bytes: kv_flash_ahead,
                 upload_bytes: if io.in_place { 0.0 } else { bytes as f64 } + kv_up_ahead,
                 pool: 0,
@@ -333,7 +336,7 @@ pub fn token_work(plan: &ExecPlan, n_past: usize, io: &RunIo, reuse: f64) -> Tok
     };
     stages.push(StageWork {
         matrices: vec![MatrixWork::of(head)],
-        flash_bytes: head_bytes as f64 * flash_share,
+        flash_bytes: flash_part(head_bytes),
         kv_flash_bytes: 0.0,
         upload_bytes: head_bytes as f64,
         pool: 1,
