@@ -405,11 +405,24 @@ fn stream_run(
             .unwrap_or_default(),
         engine.placement
     );
+    let placement = if engine.placement.streaming {
+        format!(
+            "{}; layers {}",
+            engine.placement,
+            if engine.in_place {
+                "read in place"
+            } else {
+                "copied from the staging ring"
+            }
+        )
+    } else {
+        engine.placement.to_string()
+    };
     let figures = (
         med,
         s,
         ev.effective() && ev2.effective(),
-        engine.placement.to_string(),
+        placement,
         engine.placement.budget,
         raw,
         pred,
