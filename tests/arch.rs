@@ -120,7 +120,7 @@ fn options(budget: Option<u64>, dir: &Path) -> EngineOptions {
         ubatch: 8,
         ring_slots: 3,
         ring_chunk: 4096,
-        head_chunk: 4096,
+        head_chunk: Some(4096),
         kv_page: Some(4),
         kv_dir: Some(dir.join("kv")),
         ..Default::default()

@@ -27,7 +27,7 @@ fn opts(budget: Option<u64>, seqs: usize) -> EngineOptions {
         ubatch: 32,
         ring_slots: 3,
         ring_chunk: 8192,
-        head_chunk: 16384,
+        head_chunk: Some(16384),
         kv_page: Some(16),
         max_seqs: seqs,
         ..Default::default()

@@ -40,7 +40,7 @@ fn base(dir: &std::path::Path) -> EngineOptions {
         ubatch: 32,
         ring_slots: 3,
         ring_chunk: 8192,
-        head_chunk: 16384,
+        head_chunk: Some(16384),
         kv_page: Some(16),
         kv_dir: Some(dir.join("kv")),
         ..Default::default()

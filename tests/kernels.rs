@@ -230,13 +230,25 @@ fn matmul_split_into_parts_and_written_at_position() {
     let ty = GgmlType::Q4_0;
     let (bytes, deq) = weights(&mut rng, ty, rows, cols);
     let rb = bytes.len() / rows;
-    // Build the split weight by hand: parts of 10, 10 and 3 rows.
+    // Build the split weight by hand: parts of 10, 10 and 3 rows, each placed after a
+    // different number of garbage bytes in its buffer (bound from that offset, as a weight in
+    // a layer slot is).
+    let align = ctx.limits.min_storage_buffer_offset_alignment as usize;
     let mut parts = Vec::new();
-    for (r0, n) in [(0usize, 10usize), (10, 10), (20, 3)] {
-        let buf = ctx
-            .storage_with("part", &bytes[r0 * rb..(r0 + n) * rb])
-            .unwrap();
-        parts.push((std::sync::Arc::new(buf), r0 as u32, n as u32));
+    for (k, (r0, n)) in [(0usize, 10usize), (10, 10), (20, 3)]
+        .into_iter()
+        .enumerate()
+    {
+        let offset = k * align;
+        let mut data = vec![0xa5u8; offset];
+        data.extend_from_slice(&bytes[r0 * rb..(r0 + n) * rb]);
+        let buf = ctx.storage_with("part", &data).unwrap();
+        parts.push(kernels::Part {
+            buf: std::sync::Arc::new(buf),
+            offset: offset as u64,
+            r0: r0 as u32,
+            n: n as u32,
+        });
     }
     let gw = kernels::GpuWeight {
         ty,

@@ -54,7 +54,7 @@ fn opts(budget: Option<u64>, page: u32, dir: &std::path::Path) -> EngineOptions 
         ubatch: 32,
         ring_slots: 3,
         ring_chunk: 8192,
-        head_chunk: 16384,
+        head_chunk: Some(16384),
         kv_page: Some(page),
         kv_dir: Some(dir.join("kv")),
         ..Default::default()

@@ -109,7 +109,7 @@ fn planner_choices_fit_and_run_for_every_budget() {
     let base = EngineOptions {
         ctx: Some(64),
         ring_chunk: 8192,
-        head_chunk: 16384,
+        head_chunk: Some(16384),
         upload: flashlm::engine::UploadMode::Staging,
         ..Default::default()
     };

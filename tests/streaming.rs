@@ -20,7 +20,7 @@ fn opts(budget: Option<u64>, ctx: usize) -> EngineOptions {
         // Small staging so the streaming minimum of small models stays below all-resident.
         ring_slots: 3,
         ring_chunk: 8192,
-        head_chunk: 16384,
+        head_chunk: Some(16384),
         ..Default::default()
     }
 }
@@ -205,6 +205,71 @@ mod flash_modes {
             assert!(e.ctx.budget.peak() <= min);
             // Every streamed weight byte came from the file.
             assert!(e.flash_bytes() >= e.matvec_weight_bytes(), "{mode}");
+        }
+    }
+
+    #[test]
+    fn head_streams_through_the_layer_slots() {
+        // With no --head-chunk, a streaming head goes through the layer slots (bigger chunks
+        // than slots of its own, no memory of its own): tokens and logits are the resident
+        // run's through the staging ring and in place, and direct reads into the mapped slots
+        // land where the weights are bound, with no bounce copy.
+        use flashlm::engine::UploadMode;
+        let Some(path) = common::model_path() else {
+            return;
+        };
+        let Some(ctx) = common::gpu() else { return };
+        let mappable = ctx.mappable;
+        drop(ctx);
+        let gguf = Arc::new(GgufFile::open(&path).unwrap());
+        let prompt = [504, 3575, 282, 4649, 314];
+        let mut o = opts(None, 32);
+        o.head_chunk = None;
+        let mut resident = Engine::new(gguf.clone(), &o).unwrap();
+        let (want_ids, want_logits) = run(&mut resident, &prompt, 4);
+        drop(resident);
+        let budget = 16u64 << 20;
+        o.gpu.budget = Some(budget);
+        let own = flashlm::plan::slots::HeadChunks::of(
+            flashlm::plan::slots::DEFAULT_HEAD_CHUNK,
+            612,
+            49152,
+            false,
+        );
+        for (upload, mode) in [
+            (UploadMode::Staging, IoMode::Direct),
+            (UploadMode::InPlace, IoMode::Direct),
+            (UploadMode::InPlace, IoMode::Mmap),
+        ] {
+            if upload == UploadMode::InPlace && !mappable {
+                continue;
+            }
+            let Some(src) = source(&path, mode) else {
+                continue;
+            };
+            o.upload = upload;
+            let mut e = Engine::with_source(gguf.clone(), src.clone(), &o).unwrap();
+            let hp = &e.plan.head;
+            assert!(
+                hp.in_slots && !e.placement.head_resident,
+                "{:?} {mode}: {}",
+                upload,
+                e.placement
+            );
+            assert!(hp.n_chunks * 4 < own.n_chunks, "{} chunks", hp.n_chunks);
+            let (ids, logits) = run(&mut e, &prompt, 4);
+            assert_eq!(ids, want_ids, "{upload:?} {mode}");
+            assert!(logits == want_logits, "{upload:?} {mode}: logits differ");
+            assert!(e.ctx.budget.peak() <= budget);
+            assert_eq!(e.ctx.budget.peak(), e.plan.total, "{upload:?} {mode}");
+            if upload == UploadMode::InPlace && mode == IoMode::Direct {
+                // Only the ends of ranges that start or stop inside a page go through a bounce
+                // buffer: a page or two per part, not the part.
+                let read = src.file().bytes_read();
+                let bounced = src.file().bounced_bytes();
+                assert!(read > 50 << 20, "read {read}");
+                assert!(bounced * 20 < read, "bounced {bounced} of {read} bytes");
+            }
         }
     }
 

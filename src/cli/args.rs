@@ -210,7 +210,8 @@ pub struct ModelArgs {
     #[arg(long, value_parser = parse_ring_chunk)]
     pub ring_chunk: Option<u64>,
     /// Bytes per piece of the output head when it streams, e.g. 2MiB: each piece is one read
-    /// and one matrix dispatch (default 512KiB; two pieces are on the device at a time).
+    /// and one matrix dispatch, through two chunk slots of the head's own. Default: pieces as
+    /// large as a layer slot, through the layer slots, where layers stream (else 512KiB).
     #[arg(long, value_parser = parse_head_chunk)]
     pub head_chunk: Option<u64>,
     /// Streamed layers read ahead of the one computing. Default: the planner's choice when this

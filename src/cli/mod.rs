@@ -75,9 +75,7 @@ pub fn engine_options(cli: &Cli, m: &ModelArgs, n_layers: usize) -> CliResult<En
         ring_chunk: m
             .ring_chunk
             .unwrap_or(crate::plan::PlanOptions::default().ring_chunk),
-        head_chunk: m
-            .head_chunk
-            .unwrap_or(crate::plan::PlanOptions::default().head_chunk),
+        head_chunk: m.head_chunk,
         resident: ResidentSpec::parse(&m.resident, n_layers)?,
         ..Default::default()
     })

@@ -138,6 +138,7 @@ pub fn plan_cmd(
     let facts = cal.as_ref().and_then(|c| c.device);
     if let Some(f) = facts {
         po.fuse_norms = f.fuse_norms;
+        po.bind_align = f.bind_align;
         if m.upload == UploadMode::Auto {
             po.in_place = f.auto_in_place;
         }

@@ -11,8 +11,8 @@ use super::upload::Uploader;
 use super::{Engine, EngineError, EngineOptions, Head, SeqState};
 use crate::flash::source::WeightSource;
 use crate::gguf::{GgufFile, quant};
-use crate::gpu::GpuContext;
 use crate::gpu::staging::StagingRing;
+use crate::gpu::{GpuBuffer, GpuContext};
 use crate::kernels::{self, KvShape, MatmulIo, WeightPart};
 use crate::kv::pages::PageMap;
 use crate::kv::store::{KvLayout, KvStore};
@@ -61,6 +61,7 @@ impl Engine {
         let mut popts = opts.plan_options();
         popts.in_place = in_place;
         popts.fuse_norms = kernels::norm_fusion_available(ctx);
+        popts.bind_align = u64::from(ctx.limits.min_storage_buffer_offset_alignment);
         if opts.profile && ctx.timestamps {
             popts.extra_bytes += crate::gpu::profile::PROFILE_BYTES;
         }
@@ -75,6 +76,7 @@ impl Engine {
             max_binding: ctx.max_binding(),
             auto_in_place: po.in_place,
             fuse_norms: po.fuse_norms,
+            bind_align: po.bind_align,
         })
     }
 
@@ -173,37 +175,56 @@ impl Engine {
             });
         }
         let streamed = plan.streamed_layers();
-        // Layer slots, each sized for any layer; every streamed layer sees its slot through its
-        // own layout (its weight types may differ from the other layers').
-        let mut slot_bufs = Vec::new();
+        // Layer slots, each with room for any layer; every streamed layer sees its slot through
+        // its own layout (its weight types may differ from the other layers').
+        let mut slot_bufs: Vec<Vec<Arc<GpuBuffer>>> = Vec::new();
         if !streamed.is_empty() {
             for s in 0..plan.placement.slots {
-                let mut mats = Vec::with_capacity(plan.slot_parts.len());
-                for (m, parts) in plan.slot_parts.iter().enumerate() {
-                    let mut bufs = Vec::with_capacity(parts.len());
-                    for (i, &b) in parts.iter().enumerate() {
-                        let name = format!("slot{s}.m{m}[{i}]");
-                        let buf = if in_place {
-                            ctx.mappable_storage(&name, b)?
-                        } else {
-                            ctx.storage(&name, b)?
-                        };
-                        bufs.push(Arc::new(buf));
-                    }
-                    mats.push(bufs);
+                let mut bufs = Vec::with_capacity(plan.slot.buffers.len());
+                for (i, &b) in plan.slot.buffers.iter().enumerate() {
+                    let name = format!("slot{s}[{i}]");
+                    let buf = if in_place {
+                        ctx.mappable_storage(&name, b)?
+                    } else {
+                        ctx.storage(&name, b)?
+                    };
+                    bufs.push(Arc::new(buf));
                 }
-                slot_bufs.push(mats);
+                slot_bufs.push(bufs);
             }
+        }
+        // Where direct reads go straight into mapped slots, each slot buffer's address within a
+        // page: a part's bytes then sit where a read of its file range lands without a bounce.
+        let direct_in_place = in_place && source.io_mode() == Some(crate::flash::IoMode::Direct);
+        let mut slot_bases: Vec<Vec<Option<u64>>> = Vec::with_capacity(slot_bufs.len());
+        for bufs in &slot_bufs {
+            let mut bases = Vec::with_capacity(bufs.len());
+            for b in bufs {
+                bases.push(if direct_in_place {
+                    Some(ctx.mapped_offset(b, crate::plan::slots::PAGE)?)
+                } else {
+                    None
+                });
+            }
+            slot_bases.push(bases);
         }
         let mut stream_mats = Vec::with_capacity(streamed.len());
         for (si, &l) in streamed.iter().enumerate() {
             let lw = &plan.layers[l];
-            let bufs = slot_bufs
-                .get(si % slot_bufs.len().max(1))
-                .ok_or_else(|| EngineError::MissingTensor("a layer slot".into()))?;
+            let s = si % slot_bufs.len().max(1);
+            let (Some(bufs), Some(bases)) = (slot_bufs.get(s), slot_bases.get(s)) else {
+                return Err(EngineError::MissingTensor("a layer slot".into()));
+            };
             let mut m = Vec::with_capacity(lw.files.len());
-            for ((t, lay), b) in lw.files.iter().zip(&lw.layouts).zip(bufs) {
-                m.push(lay.view(&t.name, b)?);
+            for ((t, lay), regions) in lw.files.iter().zip(&lw.layouts).zip(&plan.slot.regions) {
+                let mut at = Vec::with_capacity(lay.parts.len());
+                for (&(r0, n), r) in lay.parts.iter().zip(regions) {
+                    let len = n as u64 * lay.row_bytes as u64;
+                    let file = t.offset + r0 as u64 * lay.row_bytes as u64;
+                    let offset = plan.slot.place(*r, len, file, bases[r.buffer]);
+                    at.push((bufs[r.buffer].clone(), offset));
+                }
+                m.push(lay.placed(&t.name, at)?);
             }
             stream_mats.push(Mats::new(lw.roles.clone(), m)?);
         }
@@ -382,14 +403,50 @@ impl Engine {
                 rows_plan,
             }
         } else {
-            let head_slot = |name: &str| {
-                if in_place {
-                    ctx.mappable_storage(name, hp.chunk_bytes)
+            // Chunk c goes through slot c % (slots): the layer slots' first buffers, or two
+            // chunk slots of its own; at the place its file range lands in (see `SlotLayout`).
+            let (slots_h, bases_h, use_h): (Vec<Arc<GpuBuffer>>, Vec<Option<u64>>, Vec<usize>) =
+                if hp.in_slots && !slot_bufs.is_empty() {
+                    (
+                        slot_bufs.iter().map(|b| b[0].clone()).collect(),
+                        slot_bases.iter().map(|b| b[0]).collect(),
+                        (0..n_slots).collect(),
+                    )
                 } else {
-                    ctx.storage(name, hp.chunk_bytes)
-                }
+                    let head_slot = |name: &str| {
+                        if in_place {
+                            ctx.mappable_storage(name, hp.chunk_bytes)
+                        } else {
+                            ctx.storage(name, hp.chunk_bytes)
+                        }
+                    };
+                    (
+                        vec![
+                            Arc::new(head_slot("head slot 0")?),
+                            Arc::new(head_slot("head slot 1")?),
+                        ],
+                        vec![None, None],
+                        vec![n_slots, n_slots + 1],
+                    )
+                };
+            let head_room = |c: usize| crate::plan::slots::Region {
+                buffer: 0,
+                start: 0,
+                size: slots_h[c % slots_h.len()].size,
             };
-            let slots_h = [head_slot("head slot 0")?, head_slot("head slot 1")?];
+            let mut offsets_h = Vec::with_capacity(hp.n_chunks as usize);
+            for c in 0..hp.n_chunks as usize {
+                let r0 = c as u64 * hp.chunk_rows as u64;
+                let n = (hp.chunk_rows as u64).min(hp.layout.rows as u64 - r0);
+                let rb = hp.layout.row_bytes as u64;
+                let base = bases_h[c % bases_h.len()];
+                offsets_h.push(plan.slot.place(
+                    head_room(c),
+                    n * rb,
+                    hp.info.offset + r0 * rb,
+                    base,
+                ));
+            }
             let build = |rows: u32| -> Result<Vec<kernels::Dispatch>, EngineError> {
                 let mut out = Vec::new();
                 let mut r0 = 0u32;
@@ -400,7 +457,11 @@ impl Engine {
                         ty: hp.layout.ty,
                         cols: hp.layout.cols,
                         row_bytes: hp.layout.row_bytes,
-                        buffer: &slots_h[c % 2],
+                        buffer: kernels::BufAt {
+                            buffer: &slots_h[c % slots_h.len()],
+                            offset: offsets_h[c],
+                            size: Some(kernels::round16(n as u64 * hp.layout.row_bytes as u64)),
+                        },
                         first_row: r0,
                         rows: n,
                         buf_row: 0,
@@ -423,6 +484,8 @@ impl Engine {
             let rows_plan = if lr > 1 { build(lr)? } else { Vec::new() };
             Head::Streamed {
                 slots: slots_h,
+                offsets: offsets_h,
+                slot_use: use_h,
                 plan: plan1,
                 rows_plan,
             }
@@ -490,6 +553,8 @@ impl Engine {
             streamed,
             prefetched: 0,
             pass_no: 0,
+            last_submission: None,
+            slot_use: vec![None; n_slots + 2],
             pending_prefetch: Vec::new(),
             seqs: (0..plan.kv.max_seqs)
                 .map(|_| SeqState {

@@ -90,10 +90,13 @@ impl Engine {
         Ok(())
     }
 
-    /// Output head in row chunks through two slots: chunk c + 2 is read while c computes.
+    /// Output head in row chunks, chunk c + S read while c computes (S slots: the layer slots,
+    /// or two chunk slots of the head's own).
     fn stream_head(&mut self, multi: bool) -> Result<(), EngineError> {
         let Head::Streamed {
             slots,
+            offsets,
+            slot_use,
             plan,
             rows_plan,
         } = &self.head
@@ -106,16 +109,22 @@ impl Engine {
         let n_chunks = hp.n_chunks as usize;
         let chunk_rows = hp.chunk_rows as u64;
         let info_off = hp.info.offset;
-        let job = |c: usize| {
-            let r0 = c as u64 * chunk_rows;
-            let n = chunk_rows.min(rows - r0);
-            vec![OwnedReq {
-                src_offset: info_off + r0 * rb,
-                len: n * rb,
-                dst: slots[c % 2].buffer.clone(),
-                dst_offset: 0,
-            }]
-        };
+        let n_slots = slots.len().max(1);
+        // Chunk c: its file range, into its slot at its place there, and the slot's entry of
+        // `slot_use`.
+        let jobs: Vec<(Vec<OwnedReq>, usize)> = (0..n_chunks)
+            .map(|c| {
+                let r0 = c as u64 * chunk_rows;
+                let n = chunk_rows.min(rows - r0);
+                let req = OwnedReq {
+                    src_offset: info_off + r0 * rb,
+                    len: n * rb,
+                    dst: slots[c % n_slots].buffer.clone(),
+                    dst_offset: offsets[c],
+                };
+                (vec![req], slot_use[c % n_slots])
+            })
+            .collect();
         let dispatches: Vec<&kernels::Dispatch> = if multi {
             rows_plan.iter().collect()
         } else {
@@ -124,16 +133,17 @@ impl Engine {
         let in_place = self.in_place;
         // The head's chunks are needed after the pass's last layer.
         let need = self.need_of(self.layers.len(), false);
-        let queue = |io: &super::upload::Uploader, reqs| {
+        let queue = |io: &super::upload::Uploader, reqs, after| {
             if in_place {
-                io.weights_in_place(need, reqs, Vec::new())
+                io.weights_in_place(need, reqs, Vec::new(), after)
             } else {
                 io.weights(need, reqs, Vec::new())
             }
         };
+        let mut jobs = jobs.into_iter();
         let mut tickets: std::collections::VecDeque<Ticket<JobResult>> = Default::default();
-        for c in 0..n_chunks.min(2) {
-            tickets.push_back(queue(&self.io_, job(c)));
+        for (reqs, u) in jobs.by_ref().take(n_slots.min(n_chunks)) {
+            tickets.push_back(queue(&self.io_, reqs, self.slot_use[u].clone()));
         }
         let mut encs = Vec::with_capacity(n_chunks);
         for d in &dispatches {
@@ -151,21 +161,20 @@ impl Engine {
                 self.finish_job(tk, format!("read+upload output head chunk {c}"))?;
             }
             self.submit(enc, format!("output head chunk {c}"));
-            if c + 2 < n_chunks {
-                let Head::Streamed { slots, .. } = &self.head else {
-                    break;
-                };
-                let r0 = (c + 2) as u64 * chunk_rows;
-                let n = chunk_rows.min(rows - r0);
-                let req = vec![OwnedReq {
-                    src_offset: info_off + r0 * rb,
-                    len: n * rb,
-                    dst: slots[c % 2].buffer.clone(),
-                    dst_offset: 0,
-                }];
-                tickets.push_back(queue(&self.io_, req));
+            let u = jobs_use(&self.head, c);
+            self.slot_use[u] = self.last_submission.clone();
+            if let Some((reqs, u)) = jobs.next() {
+                tickets.push_back(queue(&self.io_, reqs, self.slot_use[u].clone()));
             }
         }
         Ok(())
+    }
+}
+
+/// The `slot_use` entry of the slot output-head chunk `c` streams through.
+fn jobs_use(head: &Head, c: usize) -> usize {
+    match head {
+        Head::Streamed { slot_use, .. } => slot_use[c % slot_use.len().max(1)],
+        Head::Resident { .. } => 0,
     }
 }

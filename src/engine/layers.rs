@@ -174,7 +174,7 @@ pub fn build_lists(
     if cfg.fused_qkv {
         // Rows [0, q) of attn_qkv are Q, then K, then V: one dispatch per piece of each.
         let w = m.get(MatrixRole::Qkv)?;
-        let parts: Vec<(u32, u32)> = w.parts.iter().map(|p| (p.1, p.2)).collect();
+        let parts: Vec<(u32, u32)> = w.parts.iter().map(|p| (p.r0, p.n)).collect();
         let targets = [
             (0, q_dim, &b.q, q_dim),
             (q_dim, q_dim + kv_dim, &b.k_tmp, kv_dim),
@@ -186,8 +186,8 @@ pub fn build_lists(
                     ty: w.ty,
                     cols: w.cols,
                     row_bytes: w.row_bytes,
-                    buffer: &w.parts[i].0,
-                    first_row: w.parts[i].1 + in_part - lo,
+                    buffer: w.bind(i),
+                    first_row: w.parts[i].r0 + in_part - lo,
                     rows,
                     buf_row: in_part,
                 };
@@ -357,19 +357,19 @@ pub fn build_lists(
     if cfg.fused_gate_up {
         // Gate rows [0, n_ff) and up rows [n_ff, 2 n_ff) of one matrix.
         let w = m.get(MatrixRole::GateUp)?;
-        let parts: Vec<(u32, u32)> = w.parts.iter().map(|p| (p.1, p.2)).collect();
+        let parts: Vec<(u32, u32)> = w.parts.iter().map(|p| (p.r0, p.n)).collect();
         for pc in kernels::paired_pieces(&parts, n_ff) {
             let part = WeightPart {
                 ty: w.ty,
                 cols: w.cols,
                 row_bytes: w.row_bytes,
-                buffer: &w.parts[pc.gate.0].0,
+                buffer: w.bind(pc.gate.0),
                 first_row: pc.out_row,
                 rows: pc.rows,
                 buf_row: pc.gate.1,
             };
             let second = SecondWeight {
-                buffer: &w.parts[pc.up.0].0,
+                buffer: w.bind(pc.up.0),
                 buf_row: pc.up.1,
                 act,
             };

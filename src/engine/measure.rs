@@ -75,12 +75,12 @@ impl Engine {
         for l in &self.layers {
             if let Some(m) = &l.mats {
                 for w in m.all() {
-                    parts.extend(w.parts.iter().map(|p| &*p.0));
+                    parts.extend(w.parts.iter().map(|p| &*p.buf));
                 }
             }
         }
         if let Head::Resident { w, .. } = &self.head {
-            parts.extend(w.parts.iter().map(|p| &*p.0));
+            parts.extend(w.parts.iter().map(|p| &*p.buf));
         }
         let max = parts.iter().map(|b| b.size).max().unwrap_or(16);
         let scratch = self.ctx.storage("copy scratch", max)?;
@@ -104,12 +104,12 @@ impl Engine {
         for l in &self.layers {
             if let Some(m) = &l.mats {
                 for w in m.all() {
-                    parts.extend(w.parts.iter().map(|p| &*p.0));
+                    parts.extend(w.parts.iter().map(|p| &*p.buf));
                 }
             }
         }
         if let Head::Resident { w, .. } = &self.head {
-            parts.extend(w.parts.iter().map(|p| &*p.0));
+            parts.extend(w.parts.iter().map(|p| &*p.buf));
         }
         // About 16 words per thread: enough workgroups to fill a device, few enough that
         // starting them costs little; each writes one word.

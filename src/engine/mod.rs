@@ -157,8 +157,9 @@ pub struct EngineOptions {
     /// Staging ring: slots (0: enough to hold one streamed layer) and bytes per slot.
     pub ring_slots: usize,
     pub ring_chunk: u64,
-    /// Bytes per output-head chunk when the head streams.
-    pub head_chunk: u64,
+    /// Bytes per output-head chunk when the head streams through chunk slots of its own (None:
+    /// through the layer slots where layers stream, see [`PlanOptions::head_chunk`]).
+    pub head_chunk: Option<u64>,
     /// What to keep resident (default: decided from the budget).
     pub resident: ResidentSpec,
     /// Keep trace spans (for `--trace`).
@@ -249,6 +250,7 @@ impl EngineOptions {
             ring_slots: self.ring_slots,
             ring_chunk: self.ring_chunk,
             head_chunk: self.head_chunk,
+            bind_align: 256,
             resident: self.resident.clone(),
             kv_f16: self.kv_f16,
             kv_page: self.kv_page,
@@ -270,8 +272,13 @@ enum Head {
         plan: Vec<Dispatch>,
         rows_plan: Vec<Dispatch>,
     },
+    /// Chunk c streams through `slots[c % slots.len()]` (the layer slots' first buffers, or
+    /// two chunk slots of the head's own) from byte `offsets[c]`; `slot_use[i]` is the entry of
+    /// `Engine::slot_use` that slot `i` shares.
     Streamed {
-        slots: [GpuBuffer; 2],
+        slots: Vec<Arc<GpuBuffer>>,
+        offsets: Vec<u64>,
+        slot_use: Vec<usize>,
         plan: Vec<Dispatch>,
         rows_plan: Vec<Dispatch>,
     },
@@ -321,6 +328,12 @@ pub struct Engine {
     prefetched: usize,
     /// Passes begun: with the layer, the need stamp of what the transfer queue reads.
     pass_no: u64,
+    /// The latest submission: a job that refills a slot waits for it (queued right after the
+    /// compute that last reads the slot) before the slot is mapped.
+    last_submission: Option<wgpu::SubmissionIndex>,
+    /// The submission that last read each layer slot (then the output head's own two chunk
+    /// slots): a job that refills a slot waits for it before mapping the slot.
+    slot_use: Vec<Option<wgpu::SubmissionIndex>>,
     /// Predictive KV prefetches in flight.
     pending_prefetch: Vec<crate::flash::queue::Ticket<upload::JobResult>>,
     /// Per sequence (index = sequence id); sequence 0 is the default one.

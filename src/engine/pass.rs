@@ -89,18 +89,19 @@ impl Engine {
             .iter()
             .zip(self.stream_mats[si].all())
         {
-            for (buf, r0, n) in &w.parts {
+            for p in &w.parts {
                 reqs.push(OwnedReq {
-                    src_offset: t.offset + *r0 as u64 * w.row_bytes as u64,
-                    len: *n as u64 * w.row_bytes as u64,
-                    dst: buf.buffer.clone(),
-                    dst_offset: 0,
+                    src_offset: t.offset + p.r0 as u64 * w.row_bytes as u64,
+                    len: p.n as u64 * w.row_bytes as u64,
+                    dst: p.buf.buffer.clone(),
+                    dst_offset: p.offset,
                 });
             }
             hints.push((t.offset, t.n_bytes));
         }
+        let after = self.slot_use[si % self.n_slots.max(1)].clone();
         self.weight_tickets[si] = Some(if self.in_place {
-            self.io_.weights_in_place(need, reqs, hints)
+            self.io_.weights_in_place(need, reqs, hints, after)
         } else {
             self.io_.weights(need, reqs, hints)
         });
@@ -126,7 +127,7 @@ impl Engine {
     }
 
     pub(super) fn submit(&mut self, enc: wgpu::CommandEncoder, name: String) {
-        self.ctx.queue.submit([enc.finish()]);
+        self.last_submission = Some(self.ctx.queue.submit([enc.finish()]));
         self.tracer.gpu_submitted(&self.ctx.queue, name);
     }
 
@@ -433,6 +434,8 @@ impl Engine {
             // Queue what the next layers need behind this layer's compute.
             if self.layers[l].mats.is_none() {
                 let si = self.streamed.iter().position(|&x| x == l).unwrap_or(0);
+                // The layer's last submission is the last to read its slot.
+                self.slot_use[si % self.n_slots.max(1)] = self.last_submission.clone();
                 let next = si + self.n_slots;
                 if next < n_s {
                     self.queue_weights(next, false);

@@ -129,18 +129,21 @@ impl Uploader {
 
     /// Queue weight ranges read straight into mappable device buffers (no staging copy): each
     /// destination is mapped once the device is done with it, filled from the file, unmapped.
+    /// `after`: the submission that last reads the destinations (the job blocks on it rather
+    /// than polling for the maps).
     pub fn weights_in_place(
         &self,
         need: u64,
         reqs: Vec<OwnedReq>,
         hints: Vec<(u64, u64)>,
+        after: Option<wgpu::SubmissionIndex>,
     ) -> Ticket<JobResult> {
         let ctx = self.ctx.clone();
         let source = self.source.clone();
         let t0 = self.t0;
         self.queue.submit_at(need, Priority::Weights, move || {
             let start = t0.elapsed().as_secs_f64();
-            let (wait_s, read_s) = fill_in_place(&ctx, source.as_ref(), &reqs)?;
+            let (wait_s, read_s) = fill_in_place(&ctx, source.as_ref(), &reqs, after)?;
             let upload = UploadStats {
                 bytes: reqs.iter().map(|r| r.len).sum(),
                 chunks: reqs.len() as u32,
@@ -330,14 +333,16 @@ fn read_runs(
     Ok(())
 }
 
-/// Map every destination of `reqs` for writing (all requested at once, so their waits for the
-/// device overlap), read the source ranges into them, from up to the reader's thread count at
-/// a time (a layer's tensors are short reads: one after another they would leave the flash
-/// idle between them), and unmap; returns (seconds waiting for the maps, seconds reading).
+/// Map every destination buffer of `reqs` for writing, once each over the span its requests
+/// cover (all requested at once, so their waits for the device overlap), read the source ranges
+/// into them, from up to the reader's thread count at a time (a layer's tensors are short
+/// reads: one after another they would leave the flash idle between them), and unmap; returns
+/// (seconds waiting for the maps, seconds reading).
 fn fill_in_place(
     ctx: &GpuContext,
     src: &dyn WeightSource,
     reqs: &[OwnedReq],
+    after: Option<wgpu::SubmissionIndex>,
 ) -> Result<(f64, f64), String> {
     let mut ranges = Vec::with_capacity(reqs.len());
     for r in reqs {
@@ -351,24 +356,58 @@ fn fill_in_place(
         }
         ranges.push(r.dst_offset..end);
     }
+    // One map per buffer, over the span of its requests (which must not overlap).
+    let mut spans: Vec<(&wgpu::Buffer, std::ops::Range<u64>)> = Vec::new();
+    for (r, range) in reqs.iter().zip(&ranges) {
+        match spans.iter_mut().find(|(b, _)| *b == &r.dst) {
+            Some((_, span)) => {
+                span.start = span.start.min(range.start);
+                span.end = span.end.max(range.end);
+            }
+            None => spans.push((&r.dst, range.clone())),
+        }
+    }
+    for (i, a) in ranges.iter().enumerate() {
+        for (j, b) in ranges.iter().enumerate().skip(i + 1) {
+            if reqs[i].dst == reqs[j].dst && a.start < b.end && b.start < a.end {
+                return Err(format!(
+                    "in-place upload ranges [{}, {}) and [{}, {}) of one buffer overlap",
+                    a.start, a.end, b.start, b.end
+                ));
+            }
+        }
+    }
     let t = Instant::now();
     let (tx, rx) = std::sync::mpsc::channel();
-    for (i, (r, range)) in reqs.iter().zip(&ranges).enumerate() {
+    for (i, (buf, span)) in spans.iter().enumerate() {
         let tx = tx.clone();
-        r.dst
-            .slice(range.clone())
+        buf.slice(span.clone())
             .map_async(wgpu::MapMode::Write, move |res| {
                 let _ = tx.send((i, res));
             });
     }
     drop(tx);
-    // Callbacks run inside some thread's poll: poll without blocking on other work. Every
-    // request answers (mapped or failed) before the buffers may be touched or unmapped.
-    let mut mapped = vec![false; reqs.len()];
+    // Callbacks run inside some thread's poll. Block until the submission that last reads
+    // the destinations is done (which also runs the callbacks of maps it held back), rather
+    // than polling on a timer; then poll without blocking on other work until every request
+    // has answered (mapped or failed) before the buffers may be touched or unmapped.
+    if let Some(idx) = after {
+        ctx.device
+            .poll(wgpu::PollType::Wait {
+                submission_index: Some(idx),
+                timeout: Some(std::time::Duration::from_secs(120)),
+            })
+            .map_err(|e| format!("waiting for the device before filling a layer slot: {e}"))?;
+    } else {
+        ctx.device
+            .poll(wgpu::PollType::Poll)
+            .map_err(|e| e.to_string())?;
+    }
+    let mut mapped = vec![false; spans.len()];
     let mut failure = None;
     let mut answered = 0;
-    while answered < reqs.len() {
-        match rx.recv_timeout(std::time::Duration::from_micros(200)) {
+    while answered < spans.len() {
+        match rx.recv_timeout(std::time::Duration::from_micros(50)) {
             Ok((i, res)) => {
                 answered += 1;
                 match res {
@@ -393,9 +432,9 @@ fn fill_in_place(
         Some(e) => Err(e),
         None => read_mapped(src, reqs, &ranges),
     };
-    for (r, m) in reqs.iter().zip(mapped) {
+    for ((buf, _), m) in spans.iter().zip(mapped) {
         if m {
-            r.dst.unmap();
+            buf.unmap();
         }
     }
     res.map(|()| (waited, t.elapsed().as_secs_f64()))
@@ -422,9 +461,10 @@ fn read_mapped(
         let mut w = view.slice(..);
         let len = w.len();
         let ptr = w.as_raw_element_ptr();
-        // SAFETY: `view` maps exactly `len` bytes of its own buffer range, held exclusively
-        // until `views` drops after the reads; the memory is initialized (wgpu zero-fills
-        // buffers) and only written through this slice.
+        // SAFETY: `view` maps exactly `len` bytes of its own buffer range (the ranges of one
+        // buffer do not overlap, checked above), held exclusively until `views` drops after
+        // the reads; the memory is initialized (wgpu zero-fills buffers) and only written
+        // through this slice.
         let bytes: &mut [u8] = unsafe { std::slice::from_raw_parts_mut(ptr.as_ptr(), len) };
         bytes[r.len as usize..].fill(0);
         jobs.push((r, bytes));

@@ -108,6 +108,9 @@ pub struct FlashFile {
     faults: Mutex<Vec<FlashFault>>,
     bytes_read: AtomicU64,
     reads: AtomicU64,
+    /// Bytes direct reads copied out of bounce buffers (destinations not placed as their file
+    /// offsets sit within a page).
+    bounced: AtomicU64,
 }
 
 impl fmt::Debug for FlashFile {
@@ -179,6 +182,7 @@ impl FlashFile {
             faults: Mutex::new(Vec::new()),
             bytes_read: AtomicU64::new(0),
             reads: AtomicU64::new(0),
+            bounced: AtomicU64::new(0),
         };
         if opts.mode == IoMode::Direct && len > 0 {
             // Some filesystems accept the flag at open and refuse the first read.
@@ -195,6 +199,7 @@ impl FlashFile {
             }
             f.bytes_read.store(0, Ordering::Relaxed);
             f.reads.store(0, Ordering::Relaxed);
+            f.bounced.store(0, Ordering::Relaxed);
         }
         Ok(f)
     }
@@ -231,10 +236,18 @@ impl FlashFile {
         self.reads.load(Ordering::Relaxed)
     }
 
-    /// Reset [`bytes_read`](Self::bytes_read) and [`reads`](Self::reads) to zero.
+    /// Bytes direct reads have copied out of bounce buffers: a destination that does not sit
+    /// at its file offset's place within a page takes a copy.
+    pub fn bounced_bytes(&self) -> u64 {
+        self.bounced.load(Ordering::Relaxed)
+    }
+
+    /// Reset [`bytes_read`](Self::bytes_read), [`reads`](Self::reads) and
+    /// [`bounced_bytes`](Self::bounced_bytes) to zero.
     pub fn reset_counters(&self) {
         self.bytes_read.store(0, Ordering::Relaxed);
         self.reads.store(0, Ordering::Relaxed);
+        self.bounced.store(0, Ordering::Relaxed);
     }
 
     /// Inject a fault that stays until [`clear_faults`](Self::clear_faults) (tests).

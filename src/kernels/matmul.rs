@@ -3,7 +3,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use super::{Dispatch, GpuWeight, KernelError, TokenAxis, make_dispatch_at, params_buffer};
+use super::{BufAt, Dispatch, GpuWeight, KernelError, TokenAxis, make_dispatch_at, params_buffer};
 use crate::gguf::GgmlType;
 use crate::gpu::{Defines, GpuContext};
 
@@ -147,18 +147,18 @@ fn matmul_impl(
     io: MatmulIo,
 ) -> Result<Vec<Dispatch>, KernelError> {
     let mut out = Vec::with_capacity(w.parts.len());
-    for (i, (buf, r0, n)) in w.parts.iter().enumerate() {
+    for (i, p) in w.parts.iter().enumerate() {
         let part = WeightPart {
             ty: w.ty,
             cols: w.cols,
             row_bytes: w.row_bytes,
-            buffer: buf,
-            first_row: *r0,
-            rows: *n,
+            buffer: w.bind(i),
+            first_row: p.r0,
+            rows: p.n,
             buf_row: 0,
         };
         let second = w2.map(|(w2, act)| SecondWeight {
-            buffer: &w2.parts[i].0,
+            buffer: w2.bind(i),
             buf_row: 0,
             act,
         });
@@ -167,23 +167,23 @@ fn matmul_impl(
     Ok(out)
 }
 
-/// The second weight of a gated product: its buffer, the row in it that matches the first
-/// weight's first row, and the activation.
+/// The second weight of a gated product: its buffer (from the offset its row 0 is at), the row
+/// in it that matches the first weight's first row, and the activation.
 #[derive(Clone, Copy)]
 pub struct SecondWeight<'a> {
-    pub buffer: &'a wgpu::Buffer,
+    pub buffer: BufAt<'a>,
     pub buf_row: u32,
     pub act: Gate,
 }
 
-/// `rows` rows of a weight matrix held in one buffer, starting at row `buf_row` of the buffer;
-/// they land at rows [first_row, first_row + rows) of Y.
+/// `rows` rows of a weight matrix held in one buffer (bound from the offset its row 0 is at),
+/// starting at row `buf_row` there; they land at rows [first_row, first_row + rows) of Y.
 #[derive(Clone, Copy)]
 pub struct WeightPart<'a> {
     pub ty: GgmlType,
     pub cols: u32,
     pub row_bytes: u32,
-    pub buffer: &'a wgpu::Buffer,
+    pub buffer: BufAt<'a>,
     pub first_row: u32,
     pub rows: u32,
     pub buf_row: u32,
@@ -372,12 +372,17 @@ pub fn matmul_part_with(
     };
     let params = params_buffer(ctx, "matmul params", &p)?;
     let mut grid = [w.rows.div_ceil(layout.rows_per_wg), 1, 1];
-    let mut bufs: Vec<(u32, &wgpu::Buffer)> = vec![(1, step), (2, w.buffer), (3, x), (4, y)];
+    let mut bufs: Vec<(u32, BufAt<'_>)> = vec![
+        (1, step.into()),
+        (2, w.buffer),
+        (3, x.into()),
+        (4, y.into()),
+    ];
     if let Some(w2) = &w2 {
         bufs.push((5, w2.buffer));
     }
     if let Some(n) = &norm {
-        bufs.push((10, n.w));
+        bufs.push((10, n.w.into()));
     }
     let axis = if io.n_tokens != 0 {
         grid[1] = io.n_tokens.div_ceil(tt);

@@ -181,6 +181,25 @@ fn params_buffer<T: Pod>(ctx: &GpuContext, label: &str, p: &T) -> Result<GpuBuff
     Ok(buf)
 }
 
+/// A buffer a dispatch binds from byte `offset`, `size` bytes (None: to its end): a weight
+/// placed inside a shared buffer (a layer slot), or a whole buffer.
+#[derive(Clone, Copy)]
+pub struct BufAt<'a> {
+    pub buffer: &'a wgpu::Buffer,
+    pub offset: u64,
+    pub size: Option<u64>,
+}
+
+impl<'a> From<&'a wgpu::Buffer> for BufAt<'a> {
+    fn from(buffer: &'a wgpu::Buffer) -> Self {
+        Self {
+            buffer,
+            offset: 0,
+            size: None,
+        }
+    }
+}
+
 fn make_dispatch(
     ctx: &GpuContext,
     label: &'static str,
@@ -190,10 +209,10 @@ fn make_dispatch(
     grid: [u32; 3],
     axis: TokenAxis,
 ) -> Dispatch {
-    let at: Vec<(u32, &wgpu::Buffer)> = buffers
+    let at: Vec<(u32, BufAt<'_>)> = buffers
         .iter()
         .enumerate()
-        .map(|(i, b)| (i as u32 + 1, *b))
+        .map(|(i, b)| (i as u32 + 1, BufAt::from(*b)))
         .collect();
     make_dispatch_at(ctx, label, pipeline, params, &at, grid, axis)
 }
@@ -204,7 +223,7 @@ fn make_dispatch_at(
     label: &'static str,
     pipeline: Arc<wgpu::ComputePipeline>,
     params: GpuBuffer,
-    buffers: &[(u32, &wgpu::Buffer)],
+    buffers: &[(u32, BufAt<'_>)],
     grid: [u32; 3],
     axis: TokenAxis,
 ) -> Dispatch {
@@ -216,7 +235,11 @@ fn make_dispatch_at(
     for (binding, b) in buffers {
         entries.push(wgpu::BindGroupEntry {
             binding: *binding,
-            resource: b.as_entire_binding(),
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: b.buffer,
+                offset: b.offset,
+                size: b.size.and_then(wgpu::BufferSize::new),
+            }),
         });
     }
     let bind_group = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {

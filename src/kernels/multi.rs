@@ -6,7 +6,8 @@ use bytemuck::{Pod, Zeroable};
 
 use super::matmul::{MatmulParams, matmul_defines_rpl, norm_defines};
 use super::{
-    Dispatch, GpuWeight, KernelError, MatmulIo, Norm, TokenAxis, make_dispatch_at, params_buffer,
+    BufAt, Dispatch, GpuWeight, KernelError, MatmulIo, Norm, TokenAxis, make_dispatch_at,
+    params_buffer,
 };
 use crate::gguf::GgmlType;
 use crate::gpu::GpuContext;
@@ -92,7 +93,7 @@ pub fn matmul_multi(
         sg.wg0[i] = wg;
         sg.row0[i] = 0;
         sg.y_stride[i] = pr.y_stride;
-        sg.y_offset[i] = io.y_offset + pr.w.parts[0].1;
+        sg.y_offset[i] = io.y_offset + pr.w.parts[0].r0;
         wg += pr.w.rows.div_ceil(rpw);
     }
     let p = MatmulParams {
@@ -111,19 +112,19 @@ pub fn matmul_multi(
     };
     let params = params_buffer(ctx, "matmul params", &p)?;
     let segs = params_buffer(ctx, "matmul segments", &sg)?;
-    let mut bufs: Vec<(u32, &wgpu::Buffer)> = vec![
-        (1, step),
-        (2, &products[0].w.parts[0].0),
-        (3, x),
-        (4, products[0].y),
-        (5, &products[1].w.parts[0].0),
-        (6, &products[2].w.parts[0].0),
-        (7, products[1].y),
-        (8, products[2].y),
-        (9, &segs),
+    let mut bufs: Vec<(u32, BufAt<'_>)> = vec![
+        (1, step.into()),
+        (2, products[0].w.bind(0)),
+        (3, x.into()),
+        (4, products[0].y.into()),
+        (5, products[1].w.bind(0)),
+        (6, products[2].w.bind(0)),
+        (7, products[1].y.into()),
+        (8, products[2].y.into()),
+        (9, (&*segs).into()),
     ];
     if let Some(n) = &norm {
-        bufs.push((10, n.w));
+        bufs.push((10, n.w.into()));
     }
     let mut grid = [wg, 1, 1];
     let axis = if io.n_tokens != 0 {

@@ -2,7 +2,9 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use super::{Dispatch, KernelError, TokenAxis, make_dispatch, make_dispatch_at, params_buffer};
+use super::{
+    BufAt, Dispatch, KernelError, TokenAxis, make_dispatch, make_dispatch_at, params_buffer,
+};
 use crate::gpu::{Defines, GpuContext};
 
 /// Device bytes of one RMSNorm, RoPE or bias dispatch's parameters.
@@ -117,9 +119,9 @@ pub fn rmsnorm_ext(
     } else {
         ([1, heads, 1], TokenAxis::X(1))
     };
-    let mut bufs: Vec<(u32, &wgpu::Buffer)> = vec![(1, step), (3, w), (4, y)];
+    let mut bufs: Vec<(u32, BufAt<'_>)> = vec![(1, step.into()), (3, w.into()), (4, y.into())];
     if let Some(x) = x {
-        bufs.push((2, x));
+        bufs.push((2, x.into()));
     }
     Ok(make_dispatch_at(
         ctx, "rmsnorm", pipeline, params, &bufs, grid, axis,

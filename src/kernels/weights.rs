@@ -16,9 +16,30 @@ pub struct GpuWeight {
     pub rows: u32,
     pub cols: u32,
     pub row_bytes: u32,
-    /// (buffer, first row, row count)
-    /// (buffer, first row, rows); a buffer may be shared (a layer slot seen by several layers).
-    pub parts: Vec<(Arc<GpuBuffer>, u32, u32)>,
+    pub parts: Vec<Part>,
+}
+
+/// Rows [r0, r0 + n) of a weight matrix, stored in `buf` from byte `offset`; a buffer may be
+/// shared (a layer slot holds every matrix of whichever streamed layer is in it).
+#[derive(Clone)]
+pub struct Part {
+    pub buf: Arc<GpuBuffer>,
+    pub offset: u64,
+    pub r0: u32,
+    pub n: u32,
+}
+
+impl GpuWeight {
+    /// Part `i`'s rows bound from where they start in its buffer.
+    pub fn bind(&self, i: usize) -> super::BufAt<'_> {
+        let p = &self.parts[i];
+        let bytes = round16(p.n as u64 * self.row_bytes as u64);
+        super::BufAt {
+            buffer: &p.buf,
+            offset: p.offset,
+            size: Some(bytes.min(p.buf.size.saturating_sub(p.offset))),
+        }
+    }
 }
 
 impl GpuWeight {
@@ -118,7 +139,12 @@ impl WeightLayout {
             } else {
                 ctx.storage(&name, self.part_bytes(i))?
             };
-            parts.push((Arc::new(buf), r0, n));
+            parts.push(Part {
+                buf: Arc::new(buf),
+                offset: 0,
+                r0,
+                n,
+            });
         }
         Ok(self.with_parts(parts))
     }
@@ -145,33 +171,55 @@ impl WeightLayout {
         for &(r0, n) in &self.parts {
             let a = r0 as usize * rb;
             let b = a + n as usize * rb;
-            parts.push((
-                Arc::new(ctx.storage_with(&format!("{label}[{r0}..]"), &data[a..b])?),
+            parts.push(Part {
+                buf: Arc::new(ctx.storage_with(&format!("{label}[{r0}..]"), &data[a..b])?),
+                offset: 0,
                 r0,
                 n,
-            ));
+            });
         }
         Ok(self.with_parts(parts))
     }
 
-    /// This layout over existing buffers (a layer slot sized for every layer that streams
-    /// through it): part `i` lives in `buffers[i]`.
-    pub fn view(&self, label: &str, buffers: &[Arc<GpuBuffer>]) -> Result<GpuWeight, KernelError> {
+    /// This layout over existing buffers (a layer slot with room for every layer that streams
+    /// through it): part `i` lives in `at[i].0` from byte `at[i].1`.
+    pub fn placed(
+        &self,
+        label: &str,
+        at: Vec<(Arc<GpuBuffer>, u64)>,
+    ) -> Result<GpuWeight, KernelError> {
+        if at.len() != self.parts.len() {
+            return Err(KernelError::Shape {
+                kernel: "weights",
+                problem: format!(
+                    "{label}: {} places for {} parts",
+                    at.len(),
+                    self.parts.len()
+                ),
+            });
+        }
         let mut parts = Vec::with_capacity(self.parts.len());
-        for (i, &(r0, n)) in self.parts.iter().enumerate() {
-            let b = buffers
-                .get(i)
-                .filter(|b| b.size >= self.part_bytes(i))
-                .ok_or_else(|| KernelError::Shape {
+        for (i, ((r0, n), (b, offset))) in self.parts.iter().copied().zip(at).enumerate() {
+            if offset
+                .checked_add(self.part_bytes(i))
+                .is_none_or(|e| e > b.size)
+            {
+                return Err(KernelError::Shape {
                     kernel: "weights",
                     problem: format!("{label}: part {i} does not fit its slot"),
-                })?;
-            parts.push((b.clone(), r0, n));
+                });
+            }
+            parts.push(Part {
+                buf: b,
+                offset,
+                r0,
+                n,
+            });
         }
         Ok(self.with_parts(parts))
     }
 
-    fn with_parts(&self, parts: Vec<(Arc<GpuBuffer>, u32, u32)>) -> GpuWeight {
+    fn with_parts(&self, parts: Vec<Part>) -> GpuWeight {
         GpuWeight {
             ty: self.ty,
             rows: self.rows,
@@ -241,7 +289,7 @@ pub fn paired_pieces(parts: &[(u32, u32)], n: u32) -> Vec<PairedPiece> {
         .collect()
 }
 
-fn round16(n: u64) -> u64 {
+pub fn round16(n: u64) -> u64 {
     n.max(16).div_ceil(16) * 16
 }
 

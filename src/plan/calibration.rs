@@ -63,6 +63,13 @@ pub struct DeviceFacts {
     pub auto_in_place: bool,
     /// The matrix kernels apply the layers' RMSNorms themselves.
     pub fuse_norms: bool,
+    /// Storage binding offsets must be multiples of this (profiles without it: 256).
+    #[serde(default = "default_bind_align")]
+    pub bind_align: u64,
+}
+
+fn default_bind_align() -> u64 {
+    256
 }
 
 /// The overlap share β measured on a model whose streamed layers are `layer_bytes` each.

@@ -21,6 +21,7 @@ pub mod kvplan;
 pub mod perf;
 pub mod pipeline;
 pub mod placement;
+pub mod slots;
 pub mod work;
 
 use thiserror::Error;
@@ -62,8 +63,12 @@ pub struct PlanOptions {
     /// Staging ring slots (0: enough for one streamed layer) and bytes per slot.
     pub ring_slots: usize,
     pub ring_chunk: u64,
-    /// Bytes per output-head chunk when the head streams.
-    pub head_chunk: u64,
+    /// Bytes per output-head chunk when the head streams through two chunk slots of its own
+    /// (None: through the layer slots while layers stream, where they hold chunks of at least
+    /// [`slots::DEFAULT_HEAD_CHUNK`], else chunk slots of that size).
+    pub head_chunk: Option<u64>,
+    /// Storage binding offsets must be multiples of this (the device's limit).
+    pub bind_align: u64,
     pub resident: ResidentSpec,
     pub kv_f16: bool,
     /// Tokens per KV page (default [`kvplan::DEFAULT_PAGE_TOKENS`]).
@@ -99,7 +104,8 @@ impl Default for PlanOptions {
             prefetch: 1,
             ring_slots: 0,
             ring_chunk: 512 * 1024,
-            head_chunk: 512 * 1024,
+            head_chunk: None,
+            bind_align: 256,
             resident: ResidentSpec::Auto,
             kv_f16: true,
             kv_page: None,
@@ -255,6 +261,8 @@ pub struct HeadPlan {
     pub chunk_rows: u32,
     pub n_chunks: u32,
     pub chunk_bytes: u64,
+    /// The chunks go through the layer slots (else through two chunk slots of their own).
+    pub in_slots: bool,
 }
 
 /// Everything the engine allocates and how it runs.
@@ -267,8 +275,8 @@ pub struct ExecPlan {
     pub head: HeadPlan,
     pub ring_slots: usize,
     pub ring_chunk: u64,
-    /// Bytes of each matrix part of a layer slot (matrix, part).
-    pub slot_parts: Vec<Vec<u64>>,
+    /// A layer slot's buffers and where each matrix part goes in them.
+    pub slot: slots::SlotLayout,
     pub placement: Placement,
     pub kv: KvPlan,
     pub sizes: Sizes,
@@ -328,14 +336,13 @@ impl ExecPlan {
         let head_info = tensor(if cfg.tied_output { TOKEN_EMBD } else { OUTPUT })?;
         let head_layout = layout(&head_info)?;
         let head_row = head_info.row_bytes().max(1);
-        let chunk_rows = (o.head_chunk / head_row).clamp(1, head_info.n_rows().max(1)) as u32;
-        let head = HeadPlan {
-            n_chunks: head_layout.rows.div_ceil(chunk_rows),
-            chunk_bytes: round16(chunk_rows as u64 * head_row),
-            chunk_rows,
-            layout: head_layout,
-            info: head_info,
-        };
+        let head_rows = head_info.n_rows().max(1);
+        let own_chunks = slots::HeadChunks::of(
+            o.head_chunk.unwrap_or(slots::DEFAULT_HEAD_CHUNK),
+            head_row,
+            head_rows,
+            false,
+        );
 
         let ubatch = o.ubatch.clamp(1, 512);
         // A batched decode pass scores one row per sequence in one head pass.
@@ -401,8 +408,7 @@ impl ExecPlan {
             };
             params += 2 * per_list + tiled + if select { KV_PARAMS_BYTES } else { 0 };
         }
-        let head_resident_params = row + head.layout.parts.len() as u64 * mm;
-        let head_stream_params = row + head.n_chunks as u64 * mm;
+        let head_resident_params = row + head_layout.parts.len() as u64 * mm;
         let head_lists = if logit_rows > 1 { 2 } else { 1 };
 
         let ring_chunk = o.ring_chunk.max(4096).div_ceil(4096) * 4096;
@@ -419,7 +425,7 @@ impl ExecPlan {
         // only when the GPU has passed that point: hold a whole layer to never stall on it.
         let auto_slots = if o.ring_slots == 0 && o.in_place {
             // KV pages and output-head chunks only: a few slots.
-            (crate::gpu::staging::slots_for(o.head_chunk, 1, ring_chunk) + 2).clamp(3, 64)
+            (crate::gpu::staging::slots_for(own_chunks.chunk_bytes, 1, ring_chunk) + 2).clamp(3, 64)
         } else if o.ring_slots == 0 {
             (crate::gpu::staging::slots_for(largest_layer, pieces, ring_chunk) + 1).clamp(3, 64)
         } else {
@@ -438,9 +444,25 @@ impl ExecPlan {
                 }
             }
         }
-        let slot_bytes: u64 = slot_parts.iter().flatten().sum();
+        // One buffer a slot where the parts fit one binding; with reads straight into mapped
+        // slots, a page of room a part so that direct reads land in place.
+        let slot = slots::SlotLayout::new(
+            &slot_parts,
+            max_binding,
+            o.bind_align,
+            if o.in_place { slots::PAGE } else { 0 },
+        );
+        let slot_bytes = slot.bytes();
+        let slot_chunks = if o.head_chunk.is_none() {
+            slots::HeadChunks::in_slots(&slot, head_row, head_rows, max_binding)
+        } else {
+            None
+        };
+        let stream_params = |c: &slots::HeadChunks| head_lists * (row + c.n_chunks as u64 * mm);
         let slots_wanted = (o.prefetch + 1).min(cfg.n_layers.max(1));
-        let head_params_max = head_lists * head_resident_params.max(head_stream_params);
+        let head_params_max = (head_lists * head_resident_params)
+            .max(stream_params(&own_chunks))
+            .max(slot_chunks.as_ref().map_or(0, stream_params));
         // Everything resident with every KV page at home needs no staging ring; if that does
         // not fit, the pages go to flash and come back through the ring.
         let mut kv_full = kv_min.clone();
@@ -454,7 +476,7 @@ impl ExecPlan {
             + params
             + head_params_max
             + layers.iter().map(|w| w.device_bytes()).sum::<u64>()
-            + head.layout.device_bytes();
+            + head_layout.device_bytes();
         // Pages also leave the device when a layer's pages would not fit one binding.
         let home_fits_binding = kv_full.max_pages as u64 * kv_full.page_bytes <= max_binding;
         let costs_for = |ring: u64| Costs {
@@ -470,8 +492,9 @@ impl ExecPlan {
             ring,
             layer: slot_bytes,
             layers: layers.iter().map(|w| w.device_bytes()).collect(),
-            head: head.layout.device_bytes(),
-            head_chunk: head.chunk_bytes,
+            head: head_layout.device_bytes(),
+            head_chunk: own_chunks.chunk_bytes,
+            head_in_slots: slot_chunks.is_some(),
         };
         // An automatic ring holds a whole layer so uploads never wait on a slot; when that does
         // not fit the budget, the smallest ring (three slots, uploads then wait on the GPU) does.
@@ -509,12 +532,24 @@ impl ExecPlan {
                 }
             }
         }
-        let head_params = head_lists
-            * if placement.head_resident {
-                head_resident_params
-            } else {
-                head_stream_params
-            };
+        // The head's chunks: through the layer slots when some layer streams in them.
+        let chunks = match slot_chunks {
+            Some(c) if placement.slots > 0 => c,
+            _ => own_chunks,
+        };
+        let head = HeadPlan {
+            chunk_rows: chunks.chunk_rows,
+            n_chunks: chunks.n_chunks,
+            chunk_bytes: chunks.chunk_bytes,
+            in_slots: chunks.in_slots,
+            layout: head_layout,
+            info: head_info,
+        };
+        let head_params = if placement.head_resident {
+            head_lists * head_resident_params
+        } else {
+            stream_params(&chunks)
+        };
         params += head_params;
         // The KV cache takes what the weights left.
         let spare = placement
@@ -560,7 +595,7 @@ impl ExecPlan {
             head,
             ring_slots,
             ring_chunk,
-            slot_parts,
+            slot,
             placement,
             kv,
             sizes,

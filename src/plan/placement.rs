@@ -4,8 +4,9 @@
 //! Fixed costs come first (KV cache, activations, norms, kernel parameters). If every weight
 //! fits beside them, everything is resident and no staging memory is needed. Otherwise the
 //! streaming machinery is reserved — the staging ring, `prefetch + 1` layer slots (layer L
-//! computes in one while L+1.. are read into the others) and two output-head chunk slots — and
-//! the remaining bytes hold whole layers resident, first to last, then the output head.
+//! computes in one while L+1.. are read into the others) and, unless the output head streams
+//! through the layer slots, two output-head chunk slots — and the remaining bytes hold whole
+//! layers resident, first to last, then the output head.
 
 use std::fmt;
 
@@ -26,6 +27,9 @@ pub struct Costs {
     pub head: u64,
     /// One output-head chunk slot.
     pub head_chunk: u64,
+    /// A streaming head goes through the layer slots while some layer streams (then it needs no
+    /// chunk slots of its own).
+    pub head_in_slots: bool,
     /// Bytes everything-resident needs beyond the weights and fixed costs (the staging ring,
     /// when the KV cache must page to flash even with every weight resident).
     pub resident_extra: u64,
@@ -138,8 +142,17 @@ impl Costs {
     fn fixed(&self) -> u64 {
         self.kv + self.activations + self.norms + self.params
     }
+    /// Bytes of a streaming head's chunk slots with `n_streamed` layers streaming.
+    fn head_chunks(&self, n_streamed: usize) -> u64 {
+        if self.head_in_slots && n_streamed > 0 {
+            0
+        } else {
+            2 * self.head_chunk
+        }
+    }
+    /// The least that streams: every layer through the slots.
     fn streaming_minimum(&self, slots: usize) -> u64 {
-        self.fixed() + self.ring + slots as u64 * self.layer + 2 * self.head_chunk
+        self.fixed() + self.ring + slots as u64 * self.layer + self.head_chunks(slots.max(1))
     }
     fn breakdown(&self, slots: usize) -> String {
         if slots == 0 {
@@ -152,15 +165,19 @@ impl Costs {
                 mib(self.head)
             );
         }
+        let head = if self.head_in_slots {
+            "the output head through the layer slots".to_string()
+        } else {
+            format!("2 output-head chunks {}", mib(2 * self.head_chunk))
+        };
         format!(
-            "KV cache {}, activations {}, norms {}, kernel parameters {}, staging ring {}, {slots} layer slots {}, 2 output-head chunks {}",
+            "KV cache {}, activations {}, norms {}, kernel parameters {}, staging ring {}, {slots} layer slots {}, {head}",
             mib(self.kv),
             mib(self.activations),
             mib(self.norms),
             mib(self.params),
             mib(self.ring),
             mib(slots as u64 * self.layer),
-            mib(2 * self.head_chunk)
         )
     }
 }
@@ -222,8 +239,14 @@ pub fn plan(
             for &l in layers {
                 r[l] = true;
             }
+            let n_streamed = r.iter().filter(|&&x| !x).count();
             let wanted = costs.layers_bytes((0..n_layers).filter(|&l| r[l]))
-                + if *head { costs.head } else { 0 };
+                + if *head {
+                    costs.head
+                } else {
+                    // No layer streams: the head needs chunk slots of its own.
+                    costs.head_chunks(n_streamed) - costs.head_chunks(slots.max(1))
+                };
             if wanted > left {
                 return Err(PlacementError::ResidentTooLarge {
                     wanted,
@@ -248,24 +271,38 @@ pub fn plan(
     };
     let mut resident_layers = resident_layers;
     let n_streamed = resident_layers.iter().filter(|&&r| !r).count();
+    let total_for = |resident: &[bool], used_slots: usize| {
+        let n_streamed = resident.iter().filter(|&&r| !r).count();
+        costs.fixed()
+            + costs.ring
+            + used_slots as u64 * costs.layer
+            + if head_resident {
+                costs.head
+            } else {
+                costs.head_chunks(n_streamed)
+            }
+            + costs.layers_bytes((0..n_layers).filter(|&l| resident[l]))
+    };
     if n_streamed <= slots && *spec == ResidentSpec::Auto {
-        // A slot for every streamed layer: keep them there instead of re-reading each token.
-        resident_layers.iter_mut().for_each(|r| *r = true);
+        // A slot for every streamed layer: keep them there instead of re-reading each token
+        // (when a streaming head then fits chunk slots of its own).
         if head_resident {
             return Ok(everything(costs));
+        }
+        let all = vec![true; n_layers];
+        if total_for(&all, 0) <= budget {
+            resident_layers = all;
+        } else if n_streamed == 0 {
+            // Every layer fits but the head and its chunk slots do not: the last layer streams
+            // (in the slot reserved for it) and the head streams through that slot.
+            if let Some(last) = resident_layers.iter().rposition(|&r| r) {
+                resident_layers[last] = false;
+            }
         }
     }
     let n_streamed = resident_layers.iter().filter(|&&r| !r).count();
     let used_slots = slots.min(n_streamed);
-    let total = costs.fixed()
-        + costs.ring
-        + used_slots as u64 * costs.layer
-        + if head_resident {
-            costs.head
-        } else {
-            2 * costs.head_chunk
-        }
-        + costs.layers_bytes((0..n_layers).filter(|&l| resident_layers[l]));
+    let total = total_for(&resident_layers, used_slots);
     Ok(Placement {
         budget,
         costs,
@@ -304,6 +341,8 @@ impl fmt::Display for Placement {
             self.slots,
             if self.head_resident {
                 "resident"
+            } else if self.costs.head_in_slots && self.slots > 0 {
+                "streamed in chunks through the layer slots"
             } else {
                 "streamed in chunks"
             },
@@ -345,6 +384,7 @@ mod tests {
             layers: vec![],
             head: 3000,
             head_chunk: 100,
+            head_in_slots: false,
             resident_extra: 0,
         }
     }
@@ -408,6 +448,35 @@ mod tests {
         assert!(p.resident_layers.iter().all(|&r| r), "{p}");
         assert!(p.streaming && !p.head_resident && p.slots == 0);
         assert!(p.total <= p.budget);
+    }
+
+    #[test]
+    fn head_through_the_layer_slots_needs_no_chunk_slots() {
+        let c = Costs {
+            head_in_slots: true,
+            ..costs()
+        };
+        // The minimum: the ring and two slots, no head chunks.
+        let min = 1120 + 200 + 2 * 500;
+        let p = plan(c.clone(), 4, min, 2, &ResidentSpec::Auto).unwrap();
+        assert!(p.streaming && !p.head_resident && p.slots == 2);
+        assert_eq!(p.total, min);
+        assert!(plan(c.clone(), 4, min - 1, 2, &ResidentSpec::Auto).is_err());
+        // Room for two layers more: 2 resident, 2 streamed. Making those 2 resident would
+        // leave the head no slot to stream through, and its own chunk slots do not fit.
+        let p = plan(c.clone(), 4, min + 1000, 2, &ResidentSpec::Auto).unwrap();
+        assert_eq!(p.resident_layers, vec![true, true, false, false]);
+        assert_eq!((p.slots, p.total), (2, min + 1000));
+        // With room for the head's own chunk slots too, every layer stays resident.
+        let p = plan(c.clone(), 4, min + 1000 + 200, 2, &ResidentSpec::Auto).unwrap();
+        assert!(p.resident_layers.iter().all(|&r| r) && p.slots == 0 && !p.head_resident);
+        assert_eq!(p.total, 1120 + 200 + 2000 + 200);
+        // Every layer listed resident, head streamed: chunk slots of its own, in the budget.
+        let spec = ResidentSpec::parse("0-3", 4).unwrap();
+        let e = plan(c.clone(), 4, 1120 + 200 + 2 * 500 + 2000, 2, &spec).unwrap_err();
+        assert!(matches!(e, PlacementError::ResidentTooLarge { .. }), "{e}");
+        let p = plan(c, 4, 1120 + 200 + 2 * 500 + 2000 + 200, 2, &spec).unwrap();
+        assert!(p.resident_layers.iter().all(|&r| r) && !p.head_resident);
     }
 
     #[test]

@@ -197,6 +197,7 @@ impl FlashFile {
             let s = (pos - offset) as usize;
             let n = (upto - pos) as usize;
             dst[s..s + n].copy_from_slice(&window[(pos - a0) as usize..(pos - a0) as usize + n]);
+            self.bounced.fetch_add(n as u64, Ordering::Relaxed);
             pos = upto;
         }
         self.give_bounce(buf);
