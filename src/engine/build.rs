@@ -175,59 +175,9 @@ impl Engine {
             });
         }
         let streamed = plan.streamed_layers();
-        // Layer slots, each with room for any layer; every streamed layer sees its slot through
-        // its own layout (its weight types may differ from the other layers').
-        let mut slot_bufs: Vec<Vec<Arc<GpuBuffer>>> = Vec::new();
-        if !streamed.is_empty() {
-            for s in 0..plan.placement.slots {
-                let mut bufs = Vec::with_capacity(plan.slot.buffers.len());
-                for (i, &b) in plan.slot.buffers.iter().enumerate() {
-                    let name = format!("slot{s}[{i}]");
-                    let buf = if in_place {
-                        ctx.mappable_storage(&name, b)?
-                    } else {
-                        ctx.storage(&name, b)?
-                    };
-                    bufs.push(Arc::new(buf));
-                }
-                slot_bufs.push(bufs);
-            }
-        }
-        // Where direct reads go straight into mapped slots, each slot buffer's address within a
-        // page: a part's bytes then sit where a read of its file range lands without a bounce.
         let direct_in_place = in_place && source.io_mode() == Some(crate::flash::IoMode::Direct);
-        let mut slot_bases: Vec<Vec<Option<u64>>> = Vec::with_capacity(slot_bufs.len());
-        for bufs in &slot_bufs {
-            let mut bases = Vec::with_capacity(bufs.len());
-            for b in bufs {
-                bases.push(if direct_in_place {
-                    Some(ctx.mapped_offset(b, crate::plan::slots::PAGE)?)
-                } else {
-                    None
-                });
-            }
-            slot_bases.push(bases);
-        }
-        let mut stream_mats = Vec::with_capacity(streamed.len());
-        for (si, &l) in streamed.iter().enumerate() {
-            let lw = &plan.layers[l];
-            let s = si % slot_bufs.len().max(1);
-            let (Some(bufs), Some(bases)) = (slot_bufs.get(s), slot_bases.get(s)) else {
-                return Err(EngineError::MissingTensor("a layer slot".into()));
-            };
-            let mut m = Vec::with_capacity(lw.files.len());
-            for ((t, lay), regions) in lw.files.iter().zip(&lw.layouts).zip(&plan.slot.regions) {
-                let mut at = Vec::with_capacity(lay.parts.len());
-                for (&(r0, n), r) in lay.parts.iter().zip(regions) {
-                    let len = n as u64 * lay.row_bytes as u64;
-                    let file = t.offset + r0 as u64 * lay.row_bytes as u64;
-                    let offset = plan.slot.place(*r, len, file, bases[r.buffer]);
-                    at.push((bufs[r.buffer].clone(), offset));
-                }
-                m.push(lay.placed(&t.name, at)?);
-            }
-            stream_mats.push(Mats::new(lw.roles.clone(), m)?);
-        }
+        let (slot_bufs, slot_bases, stream_mats) =
+            super::slots::layer_slots(&ctx, &plan, &streamed, in_place, direct_in_place)?;
         let n_slots = slot_bufs.len();
         let ring = if plan.placement.streaming || kv.streams {
             Some(StagingRing::new(&ctx, plan.ring_slots, plan.ring_chunk)?)

@@ -28,6 +28,7 @@ mod pass;
 mod predict;
 mod select;
 pub mod session;
+mod slots;
 mod stats;
 pub mod trace;
 mod upload;

@@ -431,23 +431,10 @@ impl ExecPlan {
         } else {
             o.ring_slots
         };
-        // A layer slot holds any layer: per matrix and part, the largest over the layers (their
-        // weight types may differ from layer to layer).
-        let mut slot_parts: Vec<Vec<u64>> = Vec::new();
-        for lw in &layers {
-            slot_parts.resize(lw.layouts.len().max(slot_parts.len()), Vec::new());
-            for (m, lay) in lw.layouts.iter().enumerate() {
-                let sp = &mut slot_parts[m];
-                sp.resize(lay.parts.len().max(sp.len()), 0);
-                for (i, b) in sp.iter_mut().enumerate().take(lay.parts.len()) {
-                    *b = (*b).max(lay.part_bytes(i));
-                }
-            }
-        }
         // One buffer a slot where the parts fit one binding; with reads straight into mapped
         // slots, a page of room a part so that direct reads land in place.
         let slot = slots::SlotLayout::new(
-            &slot_parts,
+            &slots::slot_parts(&layers),
             max_binding,
             o.bind_align,
             if o.in_place { slots::PAGE } else { 0 },

@@ -9,7 +9,24 @@
 //! bounce buffer and no copy. Smaller parts are read through a bounce buffer (a page of room
 //! would cost more than their copy).
 
-use super::round16;
+use super::{LayerWeights, round16};
+
+/// Bytes of each matrix part a layer slot must hold (per matrix, per part): the largest over
+/// the `layers` (their weight types may differ from layer to layer).
+pub fn slot_parts(layers: &[LayerWeights]) -> Vec<Vec<u64>> {
+    let mut parts: Vec<Vec<u64>> = Vec::new();
+    for lw in layers {
+        parts.resize(lw.layouts.len().max(parts.len()), Vec::new());
+        for (m, lay) in lw.layouts.iter().enumerate() {
+            let sp = &mut parts[m];
+            sp.resize(lay.parts.len().max(sp.len()), 0);
+            for (i, b) in sp.iter_mut().enumerate().take(lay.parts.len()) {
+                *b = (*b).max(lay.part_bytes(i));
+            }
+        }
+    }
+    parts
+}
 
 /// Bytes of the pages file reads are aligned to (direct I/O).
 pub const PAGE: u64 = 4096;
