@@ -410,7 +410,7 @@ impl Engine {
                         buffer: kernels::BufAt {
                             buffer: &slots_h[c % slots_h.len()],
                             offset: offsets_h[c],
-                            size: Some(kernels::round16(n as u64 * hp.layout.row_bytes as u64)),
+                            size: None,
                         },
                         first_row: r0,
                         rows: n,

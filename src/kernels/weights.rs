@@ -30,14 +30,14 @@ pub struct Part {
 }
 
 impl GpuWeight {
-    /// Part `i`'s rows bound from where they start in its buffer.
+    /// Part `i`'s rows bound from where they start in its buffer to the buffer's end (every
+    /// buffer a part lives in fits one binding: see `plan::slots`).
     pub fn bind(&self, i: usize) -> super::BufAt<'_> {
         let p = &self.parts[i];
-        let bytes = round16(p.n as u64 * self.row_bytes as u64);
         super::BufAt {
             buffer: &p.buf,
             offset: p.offset,
-            size: Some(bytes.min(p.buf.size.saturating_sub(p.offset))),
+            size: None,
         }
     }
 }
@@ -289,7 +289,7 @@ pub fn paired_pieces(parts: &[(u32, u32)], n: u32) -> Vec<PairedPiece> {
         .collect()
 }
 
-pub fn round16(n: u64) -> u64 {
+fn round16(n: u64) -> u64 {
     n.max(16).div_ceil(16) * 16
 }
 

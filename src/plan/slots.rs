@@ -79,7 +79,10 @@ impl SlotLayout {
         for parts in part_bytes {
             let mut rs = Vec::with_capacity(parts.len());
             for &b in parts {
-                let (room, step) = if slack > 0 && b >= SLACK_MIN_PART {
+                // A region never passes one binding (parts are bound from their offset to the
+                // end of their buffer): no room for a part that would.
+                let (room, step) = if slack > 0 && b >= SLACK_MIN_PART && round16(b) + slack <= cap
+                {
                     (slack, align.max(PAGE))
                 } else {
                     (0, align)
