@@ -25,7 +25,7 @@
 use serde::Serialize;
 
 pub use super::calibration::{
-    Calibration, DeviceFacts, FlashRate, MAX_MEASURED_ROWS, MatmulPoint, OverlapPoint,
+    Calibration, DeviceFacts, FlashRate, MAX_MEASURED_ROWS, MatmulPoint, OverlapPoint, SpeedProbe,
 };
 use super::pipeline::{Stage, simulate_ring};
 pub use super::work::{
