@@ -49,7 +49,6 @@ fn calibration(direct_gb_s: f64, mmap_gb_s: f64) -> Calibration {
         overlap_points: Vec::new(),
         compute_scale: 1.0,
         device: None,
-        probe: None,
     }
 }
 
@@ -297,7 +296,6 @@ fn token_work_of_a_real_plan_matches_hand_numbers() {
         overlap_points: Vec::new(),
         compute_scale: 1.0,
         device: None,
-        probe: None,
     };
     let p = predict_token(&cal, &w);
     // In µs: compute = 214336 bytes at 1 GB/s (214.336) + 18 dispatches (360) + 10240 KV

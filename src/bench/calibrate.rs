@@ -24,8 +24,7 @@ use crate::kernels::{self, KvShape, MatmulIo, Step};
 use crate::model::LoadedModel;
 use crate::model::synthetic::SyntheticSpec;
 use crate::plan::perf::{
-    Calibration, FlashRate, MAX_MEASURED_ROWS, MatmulPoint, OverlapPoint, Prediction, SpeedProbe,
-    TokenWork,
+    Calibration, FlashRate, MAX_MEASURED_ROWS, MatmulPoint, OverlapPoint, Prediction, TokenWork,
 };
 use crate::sampling::{Sampler, SamplerParams};
 
@@ -99,38 +98,6 @@ fn point(
 
 /// Decode and prefill GB/s of a `rows` x `cols` matrix of type `ty` (random weights).
 fn matmul_rates(ctx: &GpuContext, ty: GgmlType, rows: u32, cols: u32) -> BenchResult<(f64, f64)> {
-    matmul_rates_of(ctx, ty, rows, cols, true)
-}
-
-/// The machine's speed now ([`SpeedProbe`]): the decode rate of one product (Q4_1,
-/// 1536 x 576) on a device opened for it, and a cold sequential read of `file` (`read_gb_s`:
-/// one the caller measured beside it).
-pub fn speed_probe(
-    gpu: &GpuOptions,
-    file: &std::path::Path,
-    read_gb_s: Option<f64>,
-) -> BenchResult<SpeedProbe> {
-    let ctx = GpuContext::new(gpu)?;
-    let (matvec_gb_s, _) = matmul_rates_of(&ctx, GgmlType::Q4_1, 1536, 576, false)?;
-    drop(ctx);
-    let read_gb_s = match read_gb_s {
-        Some(r) => r,
-        None => super::raw_cold_read(file)?.0,
-    };
-    Ok(SpeedProbe {
-        matvec_gb_s,
-        read_gb_s,
-    })
-}
-
-/// [`matmul_rates`]; the prefill rate only with `prefill` (else 0).
-fn matmul_rates_of(
-    ctx: &GpuContext,
-    ty: GgmlType,
-    rows: u32,
-    cols: u32,
-    prefill: bool,
-) -> BenchResult<(f64, f64)> {
     let mut rng = crate::sampling::SplitMix64(ty.id() as u64 + 17);
     let vals: Vec<f32> = (0..rows as usize * cols as usize)
         .map(|_| ((rng.next_u64() >> 40) as f32 / (1u64 << 24) as f32) - 0.5)
@@ -162,9 +129,6 @@ fn matmul_rates_of(
     let t = time_list(ctx, &dec, 1, reps)?;
     let decode = bytes * (copies * reps) as f64 / t / 1e9;
     drop((dec, kept));
-    if !prefill {
-        return Ok((decode, 0.0));
-    }
     let s64 = step(ctx, tokens)?;
     let pre = kernels::matmul(ctx, &s64, &w, &x, &y, io(kernels::MM_PREFILL_TT))?;
     let t = time_list(ctx, &pre, tokens, 2)?;
@@ -437,7 +401,6 @@ pub fn run(model: &LoadedModel, gpu: &GpuOptions) -> BenchResult<Calibration> {
         overlap_points: Vec::new(),
         compute_scale: 1.0,
         device: None,
-        probe: None,
     };
     let prompt: Vec<u32> = (0..16)
         .map(|i| (i * 7 + 1) % model.cfg.vocab_size as u32)
@@ -451,13 +414,6 @@ pub fn run(model: &LoadedModel, gpu: &GpuOptions) -> BenchResult<Calibration> {
     let mut resident = calibration_engine(model, gpu, None)?;
     let mut streamed = calibration_engine(model, gpu, Some("none"))?;
     let mut medians = interleaved_medians(&mut [&mut resident, &mut streamed], &prompt, &mut sm)?;
-    // The machine's speed at these runs, to carry the constants to a later moment's speed.
-    let probe = speed_probe(gpu, &model.path, None)?;
-    eprintln!(
-        "speed: products {:.3} GB/s, cold read {:.3} GB/s",
-        probe.matvec_gb_s, probe.read_gb_s
-    );
-    cal.probe = Some(probe);
     let (st_r, st) = (medians.remove(0), medians.remove(0));
     let (scale, kernels_ms) = fitted_scale(
         &cal,

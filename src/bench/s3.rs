@@ -58,28 +58,6 @@ pub struct S3Report {
     pub ttft_ms: f64,
     pub predicted_ms_per_token: Option<f64>,
     pub predicted_ttft_ms: Option<f64>,
-    /// The same from the calibration carried to the machine's speed read before each run
-    /// ([`crate::plan::perf::Calibration::at_speed`]; None without a speed reading).
-    pub predicted_at_speed_ms_per_token: Option<f64>,
-    pub predicted_at_speed_ttft_ms: Option<f64>,
-}
-
-/// The run's prediction from `cal`, from the work its stats JSON `v` records (ms/token, TTFT).
-fn predict_from_stats(
-    cal: &crate::plan::perf::Calibration,
-    v: &serde_json::Value,
-) -> Option<(f64, f64)> {
-    let w: crate::plan::perf::TokenWork =
-        serde_json::from_value(v["work"]["token"].clone()).ok()?;
-    let n = |k: &str| v["work"][k].as_u64().map(|x| x as usize);
-    let ttft = crate::plan::perf::predict_prefill(
-        cal,
-        &w,
-        n("prefill_past")?,
-        n("prefill_tokens")?,
-        n("prefill_batch")?,
-    );
-    Some((crate::plan::perf::predict_token(cal, &w).ms_per_token, ttft))
 }
 
 /// Write the 7B-shaped model to `path` unless a file of the right size is there.
@@ -169,25 +147,10 @@ pub fn run(path: Option<PathBuf>, runs: usize, tokens: usize) -> BenchResult<S3R
     let mut peak_rss = 0u64;
     let mut placement = String::new();
     let (mut ttft, mut pred, mut pred_ttft) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut pred_at, mut pred_at_ttft) = (Vec::new(), Vec::new());
-    let cal = crate::plan::perf::Calibration::load(&crate::plan::perf::Calibration::path()).ok();
-    let probe_file = crate::paths::default_model_path();
     for r in 0..runs.max(1) {
         rates.push(direct_read_gb_s(&path, 2 << 30)?);
-        // The machine's speed before the run, read as calibration read it (the products, a
-        // cold read of the default model file): the calibration carried to it.
-        let at_speed = match &cal {
-            Some(c) if c.probe.is_some() && probe_file.exists() => c.at_speed(
-                &super::calibrate::speed_probe(&Default::default(), &probe_file, None)?,
-            ),
-            _ => None,
-        };
         crate::flash::evict_page_cache(&path)?;
         let v = run_child(&path, gpu, dram, IoMode::Direct, tokens)?;
-        if let Some((p, t)) = at_speed.as_ref().and_then(|c| predict_from_stats(c, &v)) {
-            pred_at.push(p);
-            pred_at_ttft.push(t);
-        }
         let m = v["ms_per_token"].as_f64().unwrap_or(0.0);
         let b = v["flash_bytes_per_token"].as_f64().unwrap_or(0.0);
         let p = v["predicted"]["ms_per_token"].as_f64();
@@ -229,8 +192,6 @@ pub fn run(path: Option<PathBuf>, runs: usize, tokens: usize) -> BenchResult<S3R
         ttft_ms: median(&mut ttft),
         predicted_ms_per_token: (!pred.is_empty()).then(|| median(&mut pred)),
         predicted_ttft_ms: (!pred_ttft.is_empty()).then(|| median(&mut pred_ttft)),
-        predicted_at_speed_ms_per_token: (!pred_at.is_empty()).then(|| median(&mut pred_at)),
-        predicted_at_speed_ttft_ms: (!pred_at_ttft.is_empty()).then(|| median(&mut pred_at_ttft)),
     })
 }
 
@@ -244,7 +205,6 @@ impl S3Report {
              | placement | {} |\n\
              | ms/token | {:.0} |\n\
              | ms/token predicted (performance model, same runs) | {} |\n\
-             | ms/token predicted at the speed read before each run | {} |\n\
              | time to first token, ms: measured / predicted | {:.0} / {} |\n\
              | flash bytes/token | {:.0} |\n\
              | direct read rate (cold, same runs) | {:.2} GB/s |\n\
@@ -265,13 +225,6 @@ impl S3Report {
                     (p / self.ms_per_token.max(1e-9) - 1.0) * 100.0
                 ),
                 None => "not calibrated (`flashlm calibrate`)".into(),
-            },
-            match self.predicted_at_speed_ms_per_token {
-                Some(p) => format!(
-                    "{p:.0} ({:+.0}%)",
-                    (p / self.ms_per_token.max(1e-9) - 1.0) * 100.0
-                ),
-                None => "no speed reading".into(),
             },
             self.ttft_ms,
             self.predicted_ttft_ms

@@ -3,9 +3,7 @@
 //! `resident.json` (`bench resident`), `stream.json` (`bench stream`: all resident, S1,
 //! half-model), `kv.json` (`bench kv`: S2 exact and page selection) and `s3.json` (`bench s3`).
 //! A file or field that is missing leaves its scenario "not measured" (or "not predicted"
-//! where only the prediction is missing, e.g. an uncalibrated machine). Where a bench command
-//! read the machine's speed beside its runs, a second prediction carries the calibration to
-//! that speed ([`crate::plan::perf::Calibration::at_speed`]).
+//! where only the prediction is missing, e.g. an uncalibrated machine).
 
 use std::path::Path;
 
@@ -22,19 +20,12 @@ pub struct Figures {
     pub predicted_ms: Option<f64>,
     pub measured_ttft_ms: Option<f64>,
     pub predicted_ttft_ms: Option<f64>,
-    /// The prediction at the speed read beside the runs.
-    pub predicted_at_speed_ms: Option<f64>,
 }
 
 impl Figures {
     /// (predicted ÷ measured - 1) in percent.
     pub fn error_percent(&self) -> Option<f64> {
         let p = self.predicted_ms?;
-        (self.measured_ms > 0.0).then(|| (p / self.measured_ms - 1.0) * 100.0)
-    }
-    /// The same for the prediction at the runs' speed.
-    pub fn at_speed_error_percent(&self) -> Option<f64> {
-        let p = self.predicted_at_speed_ms?;
         (self.measured_ms > 0.0).then(|| (p / self.measured_ms - 1.0) * 100.0)
     }
     pub fn ttft_error_percent(&self) -> Option<f64> {
@@ -65,8 +56,7 @@ fn num(v: &Value, key: &str) -> Option<f64> {
 }
 
 /// The figures of one JSON object with the bench commands' field names: `ms_per_token`
-/// (else `decode_tok_s`), `predicted_ms_per_token`, `ttft_ms`, `predicted_ttft_ms`,
-/// `predicted_at_speed_ms_per_token`.
+/// (else `decode_tok_s`), `predicted_ms_per_token`, `ttft_ms`, `predicted_ttft_ms`.
 fn figures(v: &Value) -> Option<Figures> {
     let measured_ms = num(v, "ms_per_token")
         .filter(|&m| m > 0.0)
@@ -76,7 +66,6 @@ fn figures(v: &Value) -> Option<Figures> {
         predicted_ms: num(v, "predicted_ms_per_token"),
         measured_ttft_ms: num(v, "ttft_ms"),
         predicted_ttft_ms: num(v, "predicted_ttft_ms"),
-        predicted_at_speed_ms: num(v, "predicted_at_speed_ms_per_token"),
     })
 }
 
@@ -168,74 +157,34 @@ pub fn load(dir: &Path) -> Summary {
 impl Summary {
     /// The row with the largest |ms/token error|, and that error in percent.
     pub fn worst(&self) -> Option<(&Row, f64)> {
-        self.worst_by(Figures::error_percent)
-    }
-
-    /// The same for the predictions at the runs' speed.
-    pub fn worst_at_speed(&self) -> Option<(&Row, f64)> {
-        self.worst_by(Figures::at_speed_error_percent)
-    }
-
-    fn worst_by(&self, err: fn(&Figures) -> Option<f64>) -> Option<(&Row, f64)> {
         self.rows
             .iter()
-            .filter_map(|r| err(r.figures.as_ref()?).map(|e| (r, e)))
+            .filter_map(|r| r.figures.as_ref()?.error_percent().map(|e| (r, e)))
             .max_by(|a, b| a.1.abs().total_cmp(&b.1.abs()))
-    }
-
-    /// The line stating the worst error of `err` against the goal.
-    fn goal_line(
-        &self,
-        what: &str,
-        worst: Option<(&Row, f64)>,
-        err: fn(&Figures) -> Option<f64>,
-    ) -> String {
-        let n = self
-            .rows
-            .iter()
-            .filter(|r| r.figures.as_ref().is_some_and(|f| err(f).is_some()))
-            .count();
-        match worst {
-            Some((r, e)) => format!(
-                "{what}: {e:+.1}% ({}) over the {n} predicted scenarios, against the goal of {GOAL_PERCENT:.0}%: {}.",
-                r.scenario,
-                if e.abs() <= GOAL_PERCENT {
-                    "met"
-                } else {
-                    "NOT met"
-                }
-            ),
-            None => format!(
-                "{what}: none to state, no scenario has both a prediction and a measurement (run `flashlm calibrate`, then the bench commands)."
-            ),
-        }
     }
 
     pub fn to_markdown(&self) -> String {
         let mut s = String::from(
             "Performance model (`flashlm calibrate` constants) against measurement, every scenario (medians of the bench commands' runs)\n\n\
-             | scenario | predicted ms/token | measured | error % | at the runs' speed | error % | predicted TTFT, ms | measured TTFT, ms | TTFT error % |\n\
-             |---|---|---|---|---|---|---|---|---|\n",
+             | scenario | predicted ms/token | measured | error % | predicted TTFT, ms | measured TTFT, ms | TTFT error % |\n\
+             |---|---|---|---|---|---|---|\n",
         );
         let pct = |e: Option<f64>| e.map_or("-".to_string(), |e| format!("{e:+.1}"));
         for r in &self.rows {
             let Some(f) = &r.figures else {
                 s.push_str(&format!(
-                    "| {} | not measured ({}) | - | - | - | - | - | - | - |\n",
+                    "| {} | not measured ({}) | - | - | - | - | - |\n",
                     r.scenario, r.source
                 ));
                 continue;
             };
             s.push_str(&format!(
-                "| {} | {} | {:.1} | {} | {} | {} | {} | {} | {} |\n",
+                "| {} | {} | {:.1} | {} | {} | {} | {} |\n",
                 r.scenario,
                 f.predicted_ms
                     .map_or("not predicted".to_string(), |p| format!("{p:.1}")),
                 f.measured_ms,
                 pct(f.error_percent()),
-                f.predicted_at_speed_ms
-                    .map_or("-".to_string(), |p| format!("{p:.1}")),
-                pct(f.at_speed_error_percent()),
                 f.predicted_ttft_ms
                     .map_or("-".to_string(), |p| format!("{p:.0}")),
                 f.measured_ttft_ms
@@ -250,22 +199,30 @@ impl Summary {
             .iter()
             .filter(|r| r.figures.as_ref().is_some_and(|f| f.predicted_ms.is_none()))
             .count();
-        s.push_str(&self.goal_line("Worst ms/token error", self.worst(), Figures::error_percent));
+        match self.worst() {
+            Some((r, e)) => s.push_str(&format!(
+                "Worst ms/token error: {e:+.1}% ({}) over the {} predicted scenarios, against the goal of {GOAL_PERCENT:.0}%: {}.",
+                r.scenario,
+                self.rows
+                    .iter()
+                    .filter(|r| r.figures.as_ref().is_some_and(|f| f.error_percent().is_some()))
+                    .count(),
+                if e.abs() <= GOAL_PERCENT {
+                    "met"
+                } else {
+                    "NOT met"
+                }
+            )),
+            None => s.push_str(
+                "Worst ms/token error: none to state, no scenario has both a prediction and a measurement (run `flashlm calibrate`, then the bench commands).",
+            ),
+        }
         if unmeasured + unpredicted > 0 {
             s.push_str(&format!(
                 " {unmeasured} scenarios not measured, {unpredicted} measured without a prediction."
             ));
         }
         s.push('\n');
-        if self.worst_at_speed().is_some() {
-            s.push('\n');
-            s.push_str(&self.goal_line(
-                "At the runs' speed, worst ms/token error",
-                self.worst_at_speed(),
-                Figures::at_speed_error_percent,
-            ));
-            s.push('\n');
-        }
         for n in &self.notes {
             s.push_str(&format!("\n{n}\n"));
         }
@@ -289,8 +246,7 @@ mod tests {
                 {"scenario": "all resident", "ms_per_token": 80.0, "ttft_ms": 400.0,
                  "predicted_ms_per_token": 76.0, "predicted_ttft_ms": 440.0},
                 {"scenario": "S1", "ms_per_token": 200.0, "ttft_ms": 900.0,
-                 "predicted_ms_per_token": 250.0, "predicted_ttft_ms": null,
-                 "predicted_at_speed_ms_per_token": 216.0},
+                 "predicted_ms_per_token": 250.0, "predicted_ttft_ms": null},
                 {"scenario": "half-model", "ms_per_token": 120.0}
             ]}"#,
         )
@@ -323,14 +279,14 @@ mod tests {
         assert!((e - 25.0).abs() < 1e-9);
         let md = s.to_markdown();
         assert!(
-            md.contains("| S1 | 250.0 | 200.0 | +25.0 | 216.0 | +8.0 | - | 900 | - |"),
+            md.contains("| S1 | 250.0 | 200.0 | +25.0 | - | 900 | - |"),
             "{md}"
         );
         assert!(
-            md.contains("| half-model | not predicted | 120.0 | - | - | - | - | - | - |"),
+            md.contains("| half-model | not predicted | 120.0 | - | - | - | - |"),
             "{md}"
         );
-        assert!(md.contains("| all resident | 76.0 | 80.0 | -5.0 | - | - | 440 | 400 | +10.0 |"));
+        assert!(md.contains("| all resident | 76.0 | 80.0 | -5.0 | 440 | 400 | +10.0 |"));
         assert!(md.contains("| S2 exact | not measured (kv.json) |"), "{md}");
         assert!(md.contains("| S3 | not measured (s3.json) |"), "{md}");
         assert!(
@@ -340,13 +296,6 @@ mod tests {
             "{md}"
         );
         assert!(md.contains("3 scenarios not measured, 1 measured without a prediction"));
-        // Only S1 has a prediction at its runs' speed: +8%, within the goal.
-        assert!(
-            md.contains(
-                "At the runs' speed, worst ms/token error: +8.0% (S1) over the 1 predicted scenarios, against the goal of 10%: met."
-            ),
-            "{md}"
-        );
         // A report without one of the scenarios: it is listed, not measured.
         let only_s1: Value =
             serde_json::from_str(r#"{"rows": [{"scenario": "S1", "ms_per_token": 1.0}]}"#).unwrap();

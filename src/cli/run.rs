@@ -202,14 +202,6 @@ pub fn run(cli: &Cli, a: &RunArgs) -> CliResult<()> {
     }
     if let Some(p) = &a.stats_json {
         let pred = engine.kv_prediction(&stats);
-        // What a decode step at the end of the run reads and runs, and the prefill it
-        // followed: another calibration can predict this run from them.
-        let work = serde_json::json!({
-            "token": engine.token_work(stats.selection_reuse),
-            "prefill_past": reused,
-            "prefill_tokens": prompt_ids.len() - reused,
-            "prefill_batch": engine.plan.ubatch,
-        });
         let j = serde_json::json!({
             "prompt_ids": prompt_ids,
             "generated_ids": generated,
@@ -220,7 +212,6 @@ pub fn run(cli: &Cli, a: &RunArgs) -> CliResult<()> {
             "profile": profile,
             "drafting": drafting,
             "predicted": predicted,
-            "work": work,
             "gpu_budget": engine.placement.budget,
             "placement": engine.placement.to_string(),
             "kv_page_tokens": engine.plan.kv.page_tokens,

@@ -52,21 +52,6 @@ pub struct Calibration {
     /// it was recorded): `flashlm plan` then plans as `run` would on it.
     #[serde(default)]
     pub device: Option<DeviceFacts>,
-    /// The machine's speed when the in-pass compute factor and the overlap were measured (None
-    /// in profiles from before it was recorded): see [`Calibration::at_speed`].
-    #[serde(default)]
-    pub probe: Option<SpeedProbe>,
-}
-
-/// A quick reading of the machine's speed, taken at calibration and again beside a benchmark
-/// run: a shared VM's compute and disk speeds drift by tens of percent within minutes, and
-/// [`Calibration::at_speed`] carries the constants to the speed of the moment.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
-pub struct SpeedProbe {
-    /// Decode GB/s of one matrix product (Q4_1, 1536 x 576) over copies of it beyond the caches.
-    pub matvec_gb_s: f64,
-    /// GB/s of a cold sequential read of a model file.
-    pub read_gb_s: f64,
 }
 
 /// Facts of the calibrated device that the plan depends on.
@@ -124,30 +109,6 @@ fn one() -> f64 {
 }
 
 impl Calibration {
-    /// These constants at the speed `now` reads (None where this profile has no reading of its
-    /// own, or a reading is not positive): the compute side (kernel rates through the in-pass
-    /// factor, and the upload copies) scaled by the ratio of the probe's matrix-product rates,
-    /// the flash rates by the ratio of its read rates. The model is unchanged: only the
-    /// machine's speed is measured again.
-    pub fn at_speed(&self, now: &SpeedProbe) -> Option<Calibration> {
-        let then = self.probe?;
-        let ok = |x: f64| x.is_finite() && x > 0.0;
-        if !(ok(then.matvec_gb_s) && ok(now.matvec_gb_s) && ok(then.read_gb_s) && ok(now.read_gb_s))
-        {
-            return None;
-        }
-        let compute = now.matvec_gb_s / then.matvec_gb_s;
-        let flash = now.read_gb_s / then.read_gb_s;
-        let mut c = self.clone();
-        c.compute_scale = self.compute_factor() / compute;
-        c.upload_gb_s *= compute;
-        for f in &mut c.flash {
-            f.gb_s *= flash;
-        }
-        c.probe = Some(*now);
-        Some(c)
-    }
-
     /// The in-pass compute factor, within sane bounds.
     pub fn compute_factor(&self) -> f64 {
         if self.compute_scale.is_finite() && self.compute_scale > 0.0 {
@@ -255,12 +216,6 @@ impl Calibration {
             },
             self.compute_factor()
         ));
-        if let Some(p) = self.probe {
-            s.push_str(&format!(
-                "| speed at the resident and streamed runs (carried to a later run's speed) | products {:.3} GB/s (Q4_1 1536 x 576), cold read {:.3} GB/s |\n",
-                p.matvec_gb_s, p.read_gb_s
-            ));
-        }
         if let Some(d) = self.device {
             s.push_str(&format!(
                 "| device | bindings up to {} MiB; --upload auto: {}; norms applied by the products: {} |\n",
@@ -431,7 +386,6 @@ pub(crate) mod tests {
             overlap_points: Vec::new(),
             compute_scale: 1.0,
             device: None,
-            probe: None,
         }
     }
 
@@ -442,51 +396,6 @@ pub(crate) mod tests {
             cols: bytes / 1000,
             bytes,
         }
-    }
-
-    #[test]
-    fn constants_at_the_speed_of_the_moment() {
-        use crate::plan::perf::{TokenWork, predict_token};
-        let mut c = cal();
-        let now = SpeedProbe {
-            matvec_gb_s: 2.0,
-            read_gb_s: 0.5,
-        };
-        // No reading of its own: nothing to scale from.
-        assert_eq!(c.at_speed(&now), None);
-        c.probe = Some(SpeedProbe {
-            matvec_gb_s: 1.0,
-            read_gb_s: 1.0,
-        });
-        // Products twice as fast now, flash half as fast.
-        let s = c.at_speed(&now).unwrap();
-        assert_eq!(s.compute_factor(), 0.5);
-        assert_eq!(s.upload_gb_s, 20.0);
-        assert_eq!(s.flash[0].gb_s, 1.0);
-        assert_eq!(s.probe, Some(now));
-        // 60 MB of Q4_1 at 1 GB/s (60 ms) becomes 30 ms; 80 MB from flash at 2 GB/s (40 ms)
-        // becomes 80 ms; the upload of 80 MB at 10 GB/s (8 ms) 4 ms: 80 + 4 + 0.25 x 30.
-        let w = TokenWork {
-            matrices: vec![mat("Q4_1", 60_000_000)],
-            weight_flash_bytes: 80_000_000,
-            weight_upload_bytes: 80_000_000,
-            piece: 1 << 20,
-            threads: 4,
-            mode: "direct".into(),
-            ..Default::default()
-        };
-        let p = predict_token(&s, &w);
-        assert!((p.compute_ms - 30.0).abs() < 1e-9, "{p:?}");
-        assert!(
-            (p.ms_per_token - (84.0 + 0.25 * 30.0)).abs() < 1e-9,
-            "{p:?}"
-        );
-        // A reading that is not positive scales nothing.
-        let bad = SpeedProbe {
-            matvec_gb_s: 0.0,
-            read_gb_s: 1.0,
-        };
-        assert_eq!(c.at_speed(&bad), None);
     }
 
     #[test]

@@ -25,7 +25,7 @@
 use serde::Serialize;
 
 pub use super::calibration::{
-    Calibration, DeviceFacts, FlashRate, MAX_MEASURED_ROWS, MatmulPoint, OverlapPoint, SpeedProbe,
+    Calibration, DeviceFacts, FlashRate, MAX_MEASURED_ROWS, MatmulPoint, OverlapPoint,
 };
 use super::pipeline::{Stage, simulate_ring};
 pub use super::work::{

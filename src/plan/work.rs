@@ -2,13 +2,13 @@
 //! dispatches, the attended KV bytes, the weight and KV bytes read from flash and uploaded,
 //! step by step for the pipeline simulation. [`super::perf`] turns it into time.
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use super::ExecPlan;
 use super::hitrate::{KvModelInput, KvPrediction, Policy, predict};
 
 /// What one decoded token reads and runs, as the plan lays it out.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct TokenWork {
     /// The layers' matrix products (the head's is [`TokenWork::head`]).
     pub matrices: Vec<MatrixWork>,
@@ -54,7 +54,7 @@ pub struct TokenWork {
 
 /// The output head's matrix: its type, its bytes, and the bytes of it that stream (0 when
 /// resident; included in [`TokenWork::weight_upload_bytes`]).
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct HeadWork {
     pub ty: String,
     pub bytes: u64,
@@ -76,7 +76,7 @@ impl HeadWork {
 }
 
 /// One matrix a pass multiplies by: the kernels' speed depends on its type and shape.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct MatrixWork {
     pub ty: String,
     pub rows: u64,
@@ -113,7 +113,7 @@ impl TokenWork {
 }
 
 /// What one step of a pass reads and runs.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct StageWork {
     /// Its matrix products.
     pub matrices: Vec<MatrixWork>,

@@ -97,10 +97,9 @@ impl KvReport {
         }
         if self.rows.iter().any(|r| r.predicted_ms_per_token.is_some()) {
             s.push_str(
-                "\nPerformance model (`flashlm calibrate` constants): predicted against measured, same runs; \
-                 \"at the runs' speed\": the same constants carried to the products' and the disk's speed read beside each run\n\n\
-                 | S2 mode | host cache | ms/token predicted | measured | error | at the runs' speed | error | TTFT predicted, ms | measured | error |\n\
-                 |---|---|---|---|---|---|---|---|---|---|\n",
+                "\nPerformance model (`flashlm calibrate` constants): predicted against measured, same runs\n\n\
+                 | S2 mode | host cache | ms/token predicted | measured | error | TTFT predicted, ms | measured | error |\n\
+                 |---|---|---|---|---|---|---|---|\n",
             );
             for r in &self.rows {
                 if let Some(p) = r.predicted_ms_per_token {
@@ -113,15 +112,8 @@ impl KvReport {
                         ),
                         _ => "- | - | -".to_string(),
                     };
-                    let at = match r.predicted_at_speed_ms_per_token {
-                        Some(a) => format!(
-                            "{a:.1} | {:+.0}%",
-                            (a / r.ms_per_token.max(1e-9) - 1.0) * 100.0
-                        ),
-                        None => "- | -".to_string(),
-                    };
                     s.push_str(&format!(
-                        "| {} | {} | {:.1} | {:.1} | {:+.0}% | {at} | {} |\n",
+                        "| {} | {} | {:.1} | {:.1} | {:+.0}% | {} |\n",
                         r.mode,
                         cache_label(r),
                         p,

@@ -49,9 +49,6 @@ pub struct ModeRow {
     /// The performance model's ms/token and TTFT (when this machine is calibrated).
     pub predicted_ms_per_token: Option<f64>,
     pub predicted_ttft_ms: Option<f64>,
-    /// Its ms/token from the calibration carried to the machine's speed read beside each run
-    /// ([`crate::plan::perf::Calibration::at_speed`]; None without a speed reading).
-    pub predicted_at_speed_ms_per_token: Option<f64>,
 }
 
 /// One mode's perplexity at the prompt's context.

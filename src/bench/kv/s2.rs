@@ -81,7 +81,6 @@ pub fn s2(c: &mut Ctx<'_>, prompt: &[u32], runs: usize, session: &Path) -> Bench
             let mut stats = Vec::new();
             let mut preds = Vec::new();
             let mut perf = Vec::new();
-            let mut perf_at = Vec::new();
             let mut extra = (String::new(), 0u64, 0u64);
             let dram = match streamed {
                 Some(s) if share > 0.0 => Streamed::dram(&s, share),
@@ -91,16 +90,6 @@ pub fn s2(c: &mut Ctx<'_>, prompt: &[u32], runs: usize, session: &Path) -> Bench
             let mut cold_pred_ttft = Vec::new();
             for r in 0..runs {
                 let mut e = c.engine(&opts, dram)?;
-                // The products' speed now, with the raw cold read the engine just measured:
-                // the calibration carried to them.
-                let at_speed = match cal.as_ref().filter(|c| c.probe.is_some()) {
-                    Some(cal) => cal.at_speed(&crate::bench::calibrate::speed_probe(
-                        &opts.gpu,
-                        &c.o.model.path,
-                        c.raws.last().copied(),
-                    )?),
-                    None => None,
-                };
                 let cold = match o.cold_runs {
                     None => true,
                     Some(k) => mode == "exact" && dram == 0 && r < k,
@@ -117,10 +106,6 @@ pub fn s2(c: &mut Ctx<'_>, prompt: &[u32], runs: usize, session: &Path) -> Bench
                 let (_, s) =
                     e.generate(&prompt[past..], o.n_gen, &mut greedy(), |_| false, |_| true)?;
                 let p = e.kv_prediction(&s);
-                if let Some(cal) = &at_speed {
-                    let (t, _) = e.predict(cal, past, prompt.len() - past, s.selection_reuse);
-                    perf_at.push(t.ms_per_token);
-                }
                 if let Some(cal) = &cal {
                     let (t, ttft) = e.predict(cal, past, prompt.len() - past, s.selection_reuse);
                     perf.push(t.ms_per_token);
@@ -184,7 +169,6 @@ pub fn s2(c: &mut Ctx<'_>, prompt: &[u32], runs: usize, session: &Path) -> Bench
                 peak_device_bytes: stats.iter().map(|s| s.peak_device_bytes).max().unwrap_or(0),
                 placement: extra.0,
                 predicted_ms_per_token: (!perf.is_empty()).then(|| med_of(perf)),
-                predicted_at_speed_ms_per_token: (!perf_at.is_empty()).then(|| med_of(perf_at)),
                 predicted_ttft_ms: (!cold_pred_ttft.is_empty()).then(|| med_of(cold_pred_ttft)),
             });
         }
