@@ -17,7 +17,7 @@ use flashlm::model::config::ModelConfig;
 use flashlm::model::synthetic::{SyntheticSpec, synthetic_llama};
 use flashlm::plan::choose::{Space, choose, placement_summary};
 use flashlm::plan::perf::{Calibration, FlashRate, RunIo, predict_token, token_work};
-use flashlm::plan::{ExecPlan, PlanOptions, ResidentSpec};
+use flashlm::plan::{ExecPlan, KvSelect, PlanOptions, ResidentSpec, SelectSpec};
 use flashlm::sampling::{Sampler, SamplerParams};
 
 fn rate(mode: &str, piece: u64, threads: usize, gb_s: f64) -> FlashRate {
@@ -43,6 +43,7 @@ fn calibration(direct_gb_s: f64, mmap_gb_s: f64) -> Calibration {
         prefill_gb_s: [("Q8_0".to_string(), 4.0)].into(),
         matmul_points: Vec::new(),
         dispatch_s: 20e-6,
+        sync_s: 0.0,
         attn_gb_s: 1.0,
         prefill_attn_gb_s: 0.0,
         overlap_beta: 0.3,
@@ -62,6 +63,7 @@ fn piecewise_calibration() -> Calibration {
             rate("mmap", 1 << 20, 4, 0.001),
         ],
         dispatch_s: 1e-3,
+        sync_s: 0.0,
         ..calibration(1.0, 1.0)
     }
 }
@@ -290,6 +292,7 @@ fn token_work_of_a_real_plan_matches_hand_numbers() {
         prefill_gb_s: [("Q8_0".to_string(), 4.0)].into(),
         matmul_points: Vec::new(),
         dispatch_s: 20e-6,
+        sync_s: 0.0,
         attn_gb_s: 1.0,
         prefill_attn_gb_s: 0.0,
         overlap_beta: 0.3,
@@ -351,6 +354,75 @@ fn token_work_of_a_real_plan_matches_hand_numbers() {
     // copy to 549.872, compute to 685.872.
     let p = predict_token(&cal, &w);
     assert!(close(p.pipelined_ms * 1e3, 685.872), "{p:?}");
+}
+
+#[test]
+fn selecting_layers_wait_for_their_page_scores() {
+    // Six layers, two of them dense; 16-token pages. Page selection keeping a quarter makes
+    // each of the four selecting layers read its page scores back once a token, once there are
+    // candidates to leave out; exact attention never does.
+    let spec = SyntheticSpec {
+        n_layers: 6,
+        n_embd: 64,
+        n_heads: 2,
+        n_kv_heads: 1,
+        n_ff: 128,
+        vocab: 2000,
+        weight_type: GgmlType::Q8_0,
+        ctx: 1024,
+        untied_output: true,
+    };
+    let path = scratch("syncs").join("m.gguf");
+    std::fs::write(&path, synthetic_llama(&spec, 6)).unwrap();
+    let gguf = GgufFile::open(&path).unwrap();
+    let cfg = ModelConfig::from_gguf(&gguf).unwrap();
+    let io = RunIo {
+        mode: "direct".into(),
+        piece: 1 << 20,
+        threads: 4,
+        dram: 0,
+        in_place: false,
+    };
+    let plan_with = |kv_select| {
+        let po = PlanOptions {
+            ctx: Some(1024),
+            kv_page: Some(16),
+            kv_select,
+            ..Default::default()
+        };
+        ExecPlan::new(&gguf, &cfg, 128 << 20, &po).unwrap()
+    };
+    let quest = plan_with(Some(KvSelect {
+        spec: SelectSpec::Percent(25.0),
+        dense_layers: 2,
+    }));
+    assert_eq!(token_work(&quest, 1000, &io, 0.5).syncs, 4);
+    // 40 tokens: three pages, page 0 and the recent window always attended, none to rank.
+    assert_eq!(token_work(&quest, 40, &io, 0.5).syncs, 0);
+    assert_eq!(token_work(&plan_with(None), 1000, &io, 0.5).syncs, 0);
+    // Each round trip is priced unhidden.
+    let cal = |sync_s| Calibration {
+        adapter: "hand".into(),
+        flash: vec![rate("direct", 1 << 20, 4, 1.0)],
+        upload_gb_s: 4.0,
+        matvec_gb_s: [("Q8_0".to_string(), 1.0)].into(),
+        prefill_gb_s: [("Q8_0".to_string(), 4.0)].into(),
+        matmul_points: Vec::new(),
+        dispatch_s: 20e-6,
+        sync_s,
+        attn_gb_s: 1.0,
+        prefill_attn_gb_s: 0.0,
+        overlap_beta: 0.3,
+        overlap_points: Vec::new(),
+        compute_scale: 1.0,
+        device: None,
+    };
+    let w = token_work(&quest, 1000, &io, 0.5);
+    let (a, b) = (predict_token(&cal(0.0), &w), predict_token(&cal(1e-3), &w));
+    assert!(
+        (b.ms_per_token - a.ms_per_token - 4.0).abs() < 1e-9,
+        "{a:?} {b:?}"
+    );
 }
 
 /// The lines of `text` that start with `prefix`.

@@ -69,6 +69,35 @@ fn time_list(
     Ok(median(&mut v))
 }
 
+/// Seconds of one host round trip: submit one dispatch and a copy of its output into a mappable
+/// buffer, map that buffer and wait for it, as a layer does for its page scores (median of 41,
+/// after a warm-up).
+fn round_trip_s(
+    ctx: &GpuContext,
+    list: &[kernels::Dispatch],
+    out: &crate::gpu::GpuBuffer,
+) -> BenchResult<f64> {
+    let rb = ctx.alloc_as("round trip", 16, crate::gpu::BufferUsage::Readback)?;
+    let once = || -> BenchResult<f64> {
+        ctx.wait()?;
+        let t = Instant::now();
+        let mut enc = ctx.device.create_command_encoder(&Default::default());
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            for d in list {
+                d.record(&mut pass, 1);
+            }
+        }
+        enc.copy_buffer_to_buffer(out, 0, &rb, 0, 16);
+        ctx.queue.submit([enc.finish()]);
+        ctx.read_mapped(&rb, 16)?;
+        Ok(t.elapsed().as_secs_f64())
+    };
+    once()?;
+    let mut v: Vec<f64> = (0..41).map(|_| once()).collect::<Result<_, _>>()?;
+    Ok(median(&mut v))
+}
+
 /// Weight bytes the decode rates are timed over (copies of one matrix), well past the caches
 /// of the machines flashlm runs on, so that each read comes from memory as in a pass.
 const COLD_BYTES: u64 = 96 << 20;
@@ -378,11 +407,13 @@ pub fn run(model: &LoadedModel, gpu: &GpuOptions) -> BenchResult<Calibration> {
     let b = ctx.storage("b", 16)?;
     let empty = vec![kernels::empty_dispatch(&ctx, &s, &a, &b)?];
     let dispatch_s = time_list(&ctx, &empty, 1, 2000)? / 2000.0;
+    let sync_s = (round_trip_s(&ctx, &empty, &b)? - dispatch_s).max(0.0);
     let attn_gb_s = attention_rate(&ctx, &model.cfg, 1, 2048)?;
     let prefill_attn_gb_s = attention_rate(&ctx, &model.cfg, 64, 2048)?;
     eprintln!(
-        "dispatch {:.1} µs, attention {attn_gb_s:.2} GB/s of KV (decode), {prefill_attn_gb_s:.2} GB/s over the rows of a 64-row prefill",
-        dispatch_s * 1e6
+        "dispatch {:.1} µs, host round trip {:.1} µs, attention {attn_gb_s:.2} GB/s of KV (decode), {prefill_attn_gb_s:.2} GB/s over the rows of a 64-row prefill",
+        dispatch_s * 1e6,
+        sync_s * 1e6
     );
     drop(ctx);
     // In-pass compute, then overlap: short resident runs, and streamed runs under a budget
@@ -395,6 +426,7 @@ pub fn run(model: &LoadedModel, gpu: &GpuOptions) -> BenchResult<Calibration> {
         prefill_gb_s,
         matmul_points,
         dispatch_s,
+        sync_s,
         attn_gb_s,
         prefill_attn_gb_s,
         overlap_beta: 0.0,

@@ -28,6 +28,11 @@ pub struct Calibration {
     pub matmul_points: Vec<MatmulPoint>,
     /// Seconds per dispatch (launch cost).
     pub dispatch_s: f64,
+    /// Seconds of one host round trip beyond its dispatch: a submission with one dispatch and a
+    /// copy into a mappable buffer, mapped and waited for (a selecting layer's page scores). 0
+    /// in profiles from before it was measured.
+    #[serde(default)]
+    pub sync_s: f64,
     /// Attention: KV bytes read per second (decode: one row).
     pub attn_gb_s: f64,
     /// Prefill attention: KV bytes per second summed over a batch's rows (each row counts the
@@ -200,8 +205,9 @@ impl Calibration {
             }
         }
         s.push_str(&format!(
-            "| dispatch | {:.1} µs each |\n| attention, decode | {:.3} GB/s of KV |\n| attention, prefill | {:.3} GB/s of KV over the rows |\n| unhidden share of the overlap (β) | {} |\n| decode pass in place of its kernels (resident run ÷ the rates above) | {:.2}× |\n",
+            "| dispatch | {:.1} µs each |\n| host round trip (submit, map, wait) | {:.1} µs |\n| attention, decode | {:.3} GB/s of KV |\n| attention, prefill | {:.3} GB/s of KV over the rows |\n| unhidden share of the overlap (β) | {} |\n| decode pass in place of its kernels (resident run ÷ the rates above) | {:.2}× |\n",
             self.dispatch_s * 1e6,
+            self.sync_s * 1e6,
             self.attn_gb_s,
             self.prefill_attn(),
             if self.overlap_points.is_empty() {
@@ -380,6 +386,7 @@ pub(crate) mod tests {
             prefill_gb_s: [("Q4_1".to_string(), 8.0)].into(),
             matmul_points: Vec::new(),
             dispatch_s: 20e-6,
+            sync_s: 0.0,
             attn_gb_s: 4.0,
             prefill_attn_gb_s: 0.0,
             overlap_beta: 0.25,

@@ -126,6 +126,9 @@ pub struct KvPrediction {
     /// Pages prefetched per token and then not selected (read for nothing; included in
     /// `flash_bytes_per_token` where the host cache does not hold them).
     pub wasted_prefetch_per_token: f64,
+    /// KV bytes read from flash per token only once a layer has chosen its pages (needed
+    /// pages neither prefetched nor in the host cache): attention waits for them.
+    pub demand_flash_bytes_per_token: f64,
 }
 
 /// Predicts the steady-state KV page traffic of a configuration (see the module docs).
@@ -186,6 +189,11 @@ pub fn predict(i: &KvModelInput) -> KvPrediction {
         kv_bytes_per_token: kv_bytes,
         prefetch_hit_rate,
         wasted_prefetch_per_token: wasted,
+        demand_flash_bytes_per_token: if quest {
+            kv_bytes * (1.0 - hit_rate - prefetch_hit_rate).max(0.0)
+        } else {
+            0.0
+        },
     }
 }
 
@@ -253,6 +261,9 @@ mod tests {
         assert_eq!(p.requests_per_token, 96.0);
         assert_eq!(p.wasted_prefetch_per_token, 48.0);
         assert_eq!(p.flash_bytes_per_token, 144.0 * 4096.0);
+        // The half of each selection that the previous one did not hold is read on demand,
+        // once the layer has chosen it; exact attention reads nothing on demand.
+        assert_eq!(p.demand_flash_bytes_per_token, 48.0 * 4096.0);
         // An LRU cache of one selection per layer holds the previous selection: the dropped
         // prefetches hit it, and so do the kept pages.
         let p = with(&i, 96, Policy::Lru, 0.5);
@@ -261,6 +272,7 @@ mod tests {
         // Exact attention prefetches only what it needs.
         let p = with(&input(12, 66, 5, None), 0, Policy::Lru, 0.5);
         assert_eq!(p.wasted_prefetch_per_token, 0.0);
+        assert_eq!(p.demand_flash_bytes_per_token, 0.0);
         assert_eq!(p.flash_bytes_per_token, p.kv_bytes_per_token);
     }
 
@@ -319,6 +331,9 @@ mod tests {
         // The kept pages the cache misses come from the prefetch.
         let p = with(&i, 72, Policy::Lru, 0.5);
         assert_eq!(p.prefetch_hit_rate, 0.25);
+        // A quarter from the cache, a quarter prefetched: the other half on demand.
+        assert_eq!(p.hit_rate, 0.25);
+        assert_eq!(p.demand_flash_bytes_per_token, 48.0 * 4096.0);
         // Flash: 96 requests, 72 of them not from the cache; of the 48 dropped prefetches the
         // cache holds as many as of the kept pages (half).
         assert!((p.flash_bytes_per_token - (72.0 + 24.0) * 4096.0).abs() < 1e-6);

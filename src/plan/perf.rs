@@ -14,7 +14,8 @@
 //!   first round through the stream pool (read ahead; the later rounds' attention waits for
 //!   their pages), T = max(C, W + K₁) + β · min(C, W + K₁) + (K − K₁), where β (0: perfect
 //!   overlap, 1: none) is measured by calibration from streamed runs of two layer sizes and
-//!   taken at the size of the plan's streamed layers;
+//!   taken at the size of the plan's streamed layers; with page selection, each selecting
+//!   layer adds one host round trip (its page scores read back before it reads its pages);
 //!   reads go through the staging ring one slot at a time (pieces of at most a slot), and a
 //!   ring smaller than a layer holds reads back until the device frees its slots.
 //!
@@ -74,7 +75,8 @@ pub fn predict_token(c: &Calibration, w: &TokenWork) -> Prediction {
     };
     // What overlap does not hide on this machine (calibrated).
     // KV rounds after a layer's first wait for their pages: not hidden.
-    let t = pipelined + beta * overlapped + kv_s * serial;
+    // A layer waiting for its page scores stops the pipeline: not hidden either.
+    let t = pipelined + beta * overlapped + kv_s * serial + w.syncs as f64 * c.sync_s;
     Prediction {
         compute_ms: compute_s * 1e3,
         weight_io_ms: weight_s * 1e3,
@@ -274,6 +276,19 @@ mod tests {
         };
         let p = predict_token(&cal(), &rounds);
         assert!((p.ms_per_token - 95.625).abs() < 1e-9, "{p:?}");
+        // 28 selecting layers each waiting 0.5 ms for their page scores: 14 ms, unhidden.
+        let selecting = TokenWork {
+            syncs: 28,
+            ..w.clone()
+        };
+        let c = Calibration {
+            sync_s: 0.5e-3,
+            ..cal()
+        };
+        let p = predict_token(&c, &selecting);
+        assert!((p.ms_per_token - 108.65).abs() < 1e-9, "{p:?}");
+        // Without a measured round trip (an older profile) they cost nothing.
+        assert!((predict_token(&cal(), &selecting).ms_per_token - 94.65).abs() < 1e-9);
         // Prefill: 100 tokens in batches of 64: per token 60 MB / 8 GB/s + 20 MB / Q8_0
         // (unmeasured for prefill: the slowest measured, 8) = 10 ms; batch 1: 640 ms + 10 ms
         // of dispatches vs 48 ms of I/O: 650 + 12 = 662; batch 2: 360 + 10 = 370 + 12 = 382.

@@ -13,6 +13,9 @@ pub struct TokenWork {
     /// The layers' matrix products (the head's is [`TokenWork::head`]).
     pub matrices: Vec<MatrixWork>,
     pub dispatches: u64,
+    /// Host round trips a pass waits for: each selecting layer reads its page scores back
+    /// before it reads and attends the pages it keeps (none while every candidate is kept).
+    pub syncs: u64,
     /// KV bytes attention reads (all layers).
     pub attn_bytes: u64,
     /// Streamed weight bytes read from flash (after the host cache), and uploaded.
@@ -31,7 +34,9 @@ pub struct TokenWork {
     /// Share of the KV I/O that waits for attention: a layer's pages go through the stream
     /// pool in rounds, and only the first round is read ahead (behind the previous layer's
     /// compute); each later round is read while the one before it attends, its attention
-    /// waiting for its pages. (rounds - 1) / rounds; 0 when a layer's pages fit one round.
+    /// waiting for its pages. With page selection, the pages a layer reads only once it has
+    /// chosen them (neither prefetched nor cached) wait too. 1 - (1 - demand) / rounds; 0 when
+    /// a layer's pages fit one round and none are read on demand.
     pub kv_serial_share: f64,
     /// The pass step by step (layers in order, then the head), for the pipeline simulation;
     /// empty: compute and I/O overlap as a whole.
@@ -207,6 +212,8 @@ pub fn kv_prediction(plan: &ExecPlan, n_past: usize, dram: u64, reuse: f64) -> K
         kv_bytes_per_token: bytes,
         prefetch_hit_rate: s.prefetch_hit_rate,
         wasted_prefetch_per_token: s.wasted_prefetch_per_token,
+        demand_flash_bytes_per_token: d.demand_flash_bytes_per_token
+            + s.demand_flash_bytes_per_token,
     }
 }
 
@@ -270,11 +277,15 @@ pub fn token_work(plan: &ExecPlan, n_past: usize, io: &RunIo, reuse: f64) -> Tok
     };
     let elt = if kv.f16 { 2 } else { 4 };
     let n_layers = plan.layers.len() as u64;
+    let mut syncs = 0;
     let attended = match kv.select {
         Some(sel) => {
             let (pages, cand) = pages_and_candidates(kv, n);
             let keep = sel.keep(cand as u32) as u64;
             let dense = (sel.dense_layers as u64).min(n_layers);
+            if keep < cand {
+                syncs = n_layers - dense;
+            }
             let sel_keys = ((pages - cand + keep) * kv.page_tokens as u64).min(n);
             (dense * n + (n_layers - dense) * sel_keys) as f64 / n_layers.max(1) as f64
         }
@@ -304,10 +315,17 @@ pub fn token_work(plan: &ExecPlan, n_past: usize, io: &RunIo, reuse: f64) -> Tok
     let kv_flash = p.flash_bytes_per_token / n_layers.max(1) as f64;
     let kv_up = p.kv_bytes_per_token / n_layers.max(1) as f64;
     let rounds = kv_rounds(kv, kv_up);
-    let kv_serial_share = (rounds - 1.0) / rounds;
-    // The first round of each layer's pages joins the layer's reads in the pipeline; the
-    // rest are added after it, unhidden (see `kv_serial_share`).
-    let (kv_flash_ahead, kv_up_ahead) = (kv_flash / rounds, kv_up / rounds);
+    // The first round of each layer's pages joins the layer's reads in the pipeline, but for
+    // the pages a selecting layer reads only once it has chosen them; the rest are added after
+    // it, unhidden (see `kv_serial_share`).
+    let demand = if p.flash_bytes_per_token > 0.0 {
+        (p.demand_flash_bytes_per_token / p.flash_bytes_per_token).clamp(0.0, 1.0)
+    } else {
+        0.0
+    };
+    let ahead = (1.0 - demand) / rounds;
+    let kv_serial_share = 1.0 - ahead;
+    let (kv_flash_ahead, kv_up_ahead) = (kv_flash * ahead, kv_up * ahead);
     let mut stages: Vec<StageWork> = plan
         .layers
         .iter()
@@ -349,6 +367,7 @@ pub fn token_work(plan: &ExecPlan, n_past: usize, io: &RunIo, reuse: f64) -> Tok
     TokenWork {
         matrices,
         dispatches,
+        syncs,
         attn_bytes,
         weight_flash_bytes: streamed.saturating_sub(io.dram),
         weight_upload_bytes: if io.in_place { 0 } else { streamed },
