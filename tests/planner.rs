@@ -227,25 +227,52 @@ fn planner_choices_fit_and_run_for_every_budget() {
     assert!(seen.iter().any(|s| !s.2), "{seen:?}");
 }
 
-#[test]
-fn token_work_of_a_real_plan_matches_hand_numbers() {
-    // Two Q8_0 layers (34 bytes per 32 weights), d 64, 2 heads of 32 (one KV head: KV width
-    // 32), FFN 128, an untied head of 2000 x 64; every weight streams.
+/// A small Q8_0 model: d 64, 2 heads of 32 (one KV head: KV width 32), FFN 128, an untied
+/// head of 2000 x 64, `n_layers` layers.
+fn small_q8_model(name: &str, n_layers: usize, ctx: usize, seed: u64) -> (GgufFile, ModelConfig) {
     let spec = SyntheticSpec {
-        n_layers: 2,
+        n_layers,
         n_embd: 64,
         n_heads: 2,
         n_kv_heads: 1,
         n_ff: 128,
         vocab: 2000,
         weight_type: GgmlType::Q8_0,
-        ctx: 64,
+        ctx,
         untied_output: true,
     };
-    let path = scratch("hand").join("m.gguf");
-    std::fs::write(&path, synthetic_llama(&spec, 5)).unwrap();
+    let path = scratch(name).join("m.gguf");
+    std::fs::write(&path, synthetic_llama(&spec, seed)).unwrap();
     let gguf = GgufFile::open(&path).unwrap();
     let cfg = ModelConfig::from_gguf(&gguf).unwrap();
+    (gguf, cfg)
+}
+
+/// Direct reads of 1 MiB pieces over 4 threads, no host cache, through the staging ring.
+fn direct_io() -> RunIo {
+    RunIo {
+        mode: "direct".into(),
+        piece: 1 << 20,
+        threads: 4,
+        dram: 0,
+        in_place: false,
+    }
+}
+
+/// [`calibration`]'s constants with other flash rates and host round trips.
+fn hand_calibration(flash: Vec<FlashRate>, sync_s: f64) -> Calibration {
+    Calibration {
+        flash,
+        sync_s,
+        ..calibration(1.0, 1.0)
+    }
+}
+
+#[test]
+fn token_work_of_a_real_plan_matches_hand_numbers() {
+    // Two Q8_0 layers (34 bytes per 32 weights), d 64, 2 heads of 32 (one KV head: KV width
+    // 32), FFN 128, an untied head of 2000 x 64; every weight streams.
+    let (gguf, cfg) = small_q8_model("hand", 2, 64, 5);
     let po = PlanOptions {
         ctx: Some(64),
         ring_chunk: 8192,
@@ -253,13 +280,7 @@ fn token_work_of_a_real_plan_matches_hand_numbers() {
         ..Default::default()
     };
     let plan = ExecPlan::new(&gguf, &cfg, 128 << 20, &po).unwrap();
-    let io = RunIo {
-        mode: "direct".into(),
-        piece: 1 << 20,
-        threads: 4,
-        dram: 0,
-        in_place: false,
-    };
+    let io = direct_io();
     let w = token_work(&plan, 40, &io, 0.5);
     // A layer: Q 64x64 (4352 bytes), K and V 32x64 (2176 each), O 64x64 (4352), gate, up and
     // down 128x64 (8704 each): 39168 bytes. The head: 2000 x 64 = 136000 bytes.
@@ -281,25 +302,13 @@ fn token_work_of_a_real_plan_matches_hand_numbers() {
     assert_eq!(w.slots, 2);
     // Five ring slots of 8 KiB hold a whole layer: reads never wait on the ring.
     assert_eq!((plan.ring_slots, w.ring_share), (5, None));
-    let cal = Calibration {
-        adapter: "hand".into(),
-        flash: vec![
+    let cal = hand_calibration(
+        vec![
             rate("direct", 8192, 1, 0.5),
             rate("direct", 1 << 20, 4, 3.0),
         ],
-        upload_gb_s: 4.0,
-        matvec_gb_s: [("Q8_0".to_string(), 1.0)].into(),
-        prefill_gb_s: [("Q8_0".to_string(), 4.0)].into(),
-        matmul_points: Vec::new(),
-        dispatch_s: 20e-6,
-        sync_s: 0.0,
-        attn_gb_s: 1.0,
-        prefill_attn_gb_s: 0.0,
-        overlap_beta: 0.3,
-        overlap_points: Vec::new(),
-        compute_scale: 1.0,
-        device: None,
-    };
+        0.0,
+    );
     let p = predict_token(&cal, &w);
     // In µs: compute = 214336 bytes at 1 GB/s (214.336) + 18 dispatches (360) + 10240 KV
     // bytes at 1 GB/s (10.24) = 584.576; weight I/O = 214336 bytes at 0.5 GB/s (428.672)
@@ -361,28 +370,8 @@ fn selecting_layers_wait_for_their_page_scores() {
     // Six layers, two of them dense; 16-token pages. Page selection keeping a quarter makes
     // each of the four selecting layers read its page scores back once a token, once there are
     // candidates to leave out; exact attention never does.
-    let spec = SyntheticSpec {
-        n_layers: 6,
-        n_embd: 64,
-        n_heads: 2,
-        n_kv_heads: 1,
-        n_ff: 128,
-        vocab: 2000,
-        weight_type: GgmlType::Q8_0,
-        ctx: 1024,
-        untied_output: true,
-    };
-    let path = scratch("syncs").join("m.gguf");
-    std::fs::write(&path, synthetic_llama(&spec, 6)).unwrap();
-    let gguf = GgufFile::open(&path).unwrap();
-    let cfg = ModelConfig::from_gguf(&gguf).unwrap();
-    let io = RunIo {
-        mode: "direct".into(),
-        piece: 1 << 20,
-        threads: 4,
-        dram: 0,
-        in_place: false,
-    };
+    let (gguf, cfg) = small_q8_model("syncs", 6, 1024, 6);
+    let io = direct_io();
     let plan_with = |kv_select| {
         let po = PlanOptions {
             ctx: Some(1024),
@@ -401,22 +390,7 @@ fn selecting_layers_wait_for_their_page_scores() {
     assert_eq!(token_work(&quest, 40, &io, 0.5).syncs, 0);
     assert_eq!(token_work(&plan_with(None), 1000, &io, 0.5).syncs, 0);
     // Each round trip is priced unhidden.
-    let cal = |sync_s| Calibration {
-        adapter: "hand".into(),
-        flash: vec![rate("direct", 1 << 20, 4, 1.0)],
-        upload_gb_s: 4.0,
-        matvec_gb_s: [("Q8_0".to_string(), 1.0)].into(),
-        prefill_gb_s: [("Q8_0".to_string(), 4.0)].into(),
-        matmul_points: Vec::new(),
-        dispatch_s: 20e-6,
-        sync_s,
-        attn_gb_s: 1.0,
-        prefill_attn_gb_s: 0.0,
-        overlap_beta: 0.3,
-        overlap_points: Vec::new(),
-        compute_scale: 1.0,
-        device: None,
-    };
+    let cal = |sync_s| hand_calibration(vec![rate("direct", 1 << 20, 4, 1.0)], sync_s);
     let w = token_work(&quest, 1000, &io, 0.5);
     let (a, b) = (predict_token(&cal(0.0), &w), predict_token(&cal(1e-3), &w));
     assert!(
