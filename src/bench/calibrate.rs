@@ -41,6 +41,25 @@ fn step(ctx: &GpuContext, n: u32) -> BenchResult<crate::gpu::GpuBuffer> {
     Ok(b)
 }
 
+/// `reps` replays of `list` at `n` tokens in one compute pass.
+fn encode(
+    ctx: &GpuContext,
+    list: &[kernels::Dispatch],
+    n: u32,
+    reps: usize,
+) -> wgpu::CommandEncoder {
+    let mut enc = ctx.device.create_command_encoder(&Default::default());
+    {
+        let mut pass = enc.begin_compute_pass(&Default::default());
+        for _ in 0..reps {
+            for d in list {
+                d.record(&mut pass, n);
+            }
+        }
+    }
+    enc
+}
+
 /// Seconds for `reps` replays of `list` at `n` tokens, in one submission (after a warm-up).
 fn time_list(
     ctx: &GpuContext,
@@ -51,15 +70,7 @@ fn time_list(
     let run = |reps: usize| -> BenchResult<f64> {
         ctx.wait()?;
         let t = Instant::now();
-        let mut enc = ctx.device.create_command_encoder(&Default::default());
-        {
-            let mut pass = enc.begin_compute_pass(&Default::default());
-            for _ in 0..reps {
-                for d in list {
-                    d.record(&mut pass, n);
-                }
-            }
-        }
+        let enc = encode(ctx, list, n, reps);
         ctx.queue.submit([enc.finish()]);
         ctx.wait()?;
         Ok(t.elapsed().as_secs_f64())
@@ -81,13 +92,7 @@ fn round_trip_s(
     let once = || -> BenchResult<f64> {
         ctx.wait()?;
         let t = Instant::now();
-        let mut enc = ctx.device.create_command_encoder(&Default::default());
-        {
-            let mut pass = enc.begin_compute_pass(&Default::default());
-            for d in list {
-                d.record(&mut pass, 1);
-            }
-        }
+        let mut enc = encode(ctx, list, 1, 1);
         enc.copy_buffer_to_buffer(out, 0, &rb, 0, 16);
         ctx.queue.submit([enc.finish()]);
         ctx.read_mapped(&rb, 16)?;

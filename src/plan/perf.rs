@@ -14,8 +14,9 @@
 //!   first round through the stream pool (read ahead; the later rounds' attention waits for
 //!   their pages), T = max(C, W + K₁) + β · min(C, W + K₁) + (K − K₁), where β (0: perfect
 //!   overlap, 1: none) is measured by calibration from streamed runs of two layer sizes and
-//!   taken at the size of the plan's streamed layers; with page selection, each selecting
-//!   layer adds one host round trip (its page scores read back before it reads its pages);
+//!   taken at the size of the plan's streamed layers; with page selection, the pages a layer
+//!   reads only once it has chosen them (neither prefetched nor cached) count with K − K₁, and
+//!   each selecting layer adds one host round trip (its page scores read back first);
 //!   reads go through the staging ring one slot at a time (pieces of at most a slot), and a
 //!   ring smaller than a layer holds reads back until the device frees its slots.
 //!
