@@ -1,7 +1,8 @@
 //! The paged KV cache in the engine: exact paged attention equals the contiguous cache for every
 //! page size, budget and I/O mode; page selection keeping every page equals exact; rewinds bring
 //! back the device window from the page file; the plan's sizes are what gets allocated;
-//! sessions resume to the same ids as an uninterrupted run and reject what does not match.
+//! sessions resume to the same ids as an uninterrupted run and reject what does not match; long
+//! prompts report their progress batch by batch.
 mod common;
 
 use std::path::PathBuf;
@@ -483,4 +484,35 @@ fn plan_sizes_are_allocated_exactly() {
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn long_prompts_report_prefill_progress_per_batch_without_changing_logits() {
+    if common::gpu().is_none() {
+        return;
+    }
+    let dir = scratch("progress");
+    let (gguf, path) = model(&dir);
+    let o = opts(None, 16, &dir);
+    let mut e = engine(&gguf, &path, &o, IoMode::Mmap);
+    let p = prompt(100, 4);
+    let plain = run(&mut e, &p, 2);
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let s = seen.clone();
+    e.set_prefill_progress(Some(Box::new(move |d, t| s.lock().unwrap().push((d, t)))));
+    // 100 tokens in batches of 32: before the first, then after each (the last is 4 tokens).
+    let reported = run(&mut e, &p, 2);
+    assert_eq!(
+        *seen.lock().unwrap(),
+        vec![(0, 100), (32, 100), (64, 100), (96, 100), (100, 100)]
+    );
+    assert_eq!(reported, plain, "progress reports changed the pass");
+    // A prompt of one batch or less, and decode steps, report nothing.
+    seen.lock().unwrap().clear();
+    run(&mut e, &p[..32], 3);
+    assert!(seen.lock().unwrap().is_empty());
+    // Cleared: nothing more is reported.
+    e.set_prefill_progress(None);
+    run(&mut e, &p, 1);
+    assert!(seen.lock().unwrap().is_empty());
 }

@@ -9,6 +9,7 @@ mod bench;
 mod bench_args;
 mod eval;
 mod plan;
+mod progress;
 mod run;
 mod serve;
 mod synth;

@@ -3,8 +3,9 @@
 
 use std::io::{BufRead, Write};
 use std::path::Path;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
+use super::progress::{Progress, Unit};
 use super::{
     ChatArgs, Cli, CliResult, RunArgs, engine_options, precheck, resolve_model, start_engine,
 };
@@ -66,6 +67,20 @@ fn print_stats(engine: &Engine, stats: &GenStats) {
     );
 }
 
+/// A progress line on stderr for prompts whose prefill takes more than a second.
+fn show_prefill_progress(engine: &mut Engine) {
+    let mut progress: Option<Progress> = None;
+    engine.set_prefill_progress(Some(Box::new(move |done, total| {
+        // A new prompt starts a new line (and its own clock).
+        let p = progress
+            .get_or_insert_with(|| Progress::new(Unit::Tokens).quiet_for(Duration::from_secs(1)));
+        p.update(done as u64, total as u64);
+        if done >= total {
+            progress = None;
+        }
+    })));
+}
+
 /// Open `path` as a session for this engine if it exists; a session of another model or
 /// configuration is an error naming what differs.
 fn open_session(engine: &Engine, path: &Path) -> CliResult<Option<Session>> {
@@ -98,6 +113,7 @@ pub fn run(cli: &Cli, a: &RunArgs) -> CliResult<()> {
         opts.logit_rows = d.max + 1;
     }
     let mut engine = start_engine(cli, &a.model, &m, opts, prompt_ids.len() + a.n / 2)?;
+    show_prefill_progress(&mut engine);
     let t0 = Instant::now();
     let mut reused = 0;
     if let Some(sp) = &a.session
@@ -296,6 +312,7 @@ pub fn chat(cli: &Cli, a: &ChatArgs) -> CliResult<()> {
     let template = super::sandboxed(ChatTemplate::from_gguf(&m.gguf)?);
     let opts = engine_options(cli, &a.model, m.cfg.n_layers)?;
     let mut engine = start_engine(cli, &a.model, &m, opts, 256)?;
+    show_prefill_progress(&mut engine);
     let mut sampler = Sampler::new(a.sample.params());
     let tk = &m.tokenizer;
     let mut messages: Vec<ChatMessage> = Vec::new();

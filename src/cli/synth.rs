@@ -1,13 +1,13 @@
 //! `synth`: write a llama GGUF of any shape with seeded random weights, streamed to disk with
 //! a progress line on stderr.
 
-use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use clap::Args;
 
 use super::CliResult;
+use super::progress::{Progress, Unit};
 use crate::flash::format_size;
 use crate::gguf::{GgmlType, ggml_type_name};
 use crate::model::synthetic::{
@@ -123,82 +123,6 @@ impl SynthArgs {
     }
 }
 
-/// A progress line on stderr: redrawn in place a few times a second on a terminal, one line
-/// per tenth of the file otherwise.
-struct Progress {
-    start: Instant,
-    last_draw: Option<Instant>,
-    tty: bool,
-    last_tenth: u64,
-}
-
-impl Progress {
-    fn new() -> Self {
-        Self {
-            start: Instant::now(),
-            last_draw: None,
-            tty: std::io::stderr().is_terminal(),
-            last_tenth: 0,
-        }
-    }
-
-    fn update(&mut self, done: u64, total: u64) {
-        let now = Instant::now();
-        let finished = done >= total;
-        if self.tty {
-            let recent = self
-                .last_draw
-                .is_some_and(|t| now.duration_since(t) < Duration::from_millis(200));
-            if recent && !finished {
-                return;
-            }
-        } else {
-            let tenth = done.saturating_mul(10) / total.max(1);
-            if tenth <= self.last_tenth && !finished {
-                return;
-            }
-            self.last_tenth = tenth;
-        }
-        self.last_draw = Some(now);
-        let line = progress_line(done, total, now.duration_since(self.start));
-        let mut err = std::io::stderr().lock();
-        let _ = if self.tty {
-            write!(err, "\r{line}\x1b[K{}", if finished { "\n" } else { "" })
-        } else {
-            writeln!(err, "{line}")
-        };
-        let _ = err.flush();
-    }
-}
-
-/// `[#####.....]  52.3%  1.6 GiB / 3.1 GiB  210.4 MiB/s  ETA 0:07`.
-fn progress_line(done: u64, total: u64, elapsed: Duration) -> String {
-    let frac = if total == 0 {
-        1.0
-    } else {
-        (done as f64 / total as f64).min(1.0)
-    };
-    const WIDTH: usize = 30;
-    let filled = (frac * WIDTH as f64) as usize;
-    let secs = elapsed.as_secs_f64();
-    let rate = if secs > 0.0 { done as f64 / secs } else { 0.0 };
-    let eta = if rate > 0.0 && done < total {
-        let left = ((total - done) as f64 / rate) as u64;
-        format!("  ETA {}:{:02}", left / 60, left % 60)
-    } else {
-        String::new()
-    };
-    format!(
-        "[{}{}] {:5.1}%  {} / {}  {}/s{eta}",
-        "#".repeat(filled),
-        ".".repeat(WIDTH - filled),
-        frac * 100.0,
-        format_size(done),
-        format_size(total),
-        format_size(rate as u64),
-    )
-}
-
 fn peak_rss() -> Option<u64> {
     crate::flash::peak_rss_bytes()
 }
@@ -241,7 +165,7 @@ pub fn synth(a: &SynthArgs) -> CliResult<()> {
     });
     eprintln!("writing {}: {what}", a.output.display());
     let start = Instant::now();
-    let mut progress = Progress::new();
+    let mut progress = Progress::new(Unit::Bytes);
     let size = write_synthetic_file(&spec, a.seed, threads, &a.output, &mut |done, total| {
         progress.update(done, total)
     })?;
@@ -282,19 +206,6 @@ mod tests {
                 "{err}"
             );
         }
-    }
-
-    #[test]
-    fn progress_lines() {
-        let l = progress_line(1 << 29, 1 << 30, Duration::from_secs(2));
-        assert!(
-            l.starts_with(&format!("[{}{}]", "#".repeat(15), ".".repeat(15))),
-            "{l}"
-        );
-        assert!(l.contains(" 50.0%") && l.contains("512 MiB / 1 GiB"), "{l}");
-        assert!(l.contains("256 MiB/s") && l.contains("ETA 0:02"), "{l}");
-        let l = progress_line(10, 10, Duration::ZERO);
-        assert!(l.contains("100.0%") && !l.contains("ETA"), "{l}");
     }
 
     #[test]

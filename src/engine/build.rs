@@ -523,6 +523,7 @@ impl Engine {
             decode_form: false,
             load_bytes,
             load_time: std::time::Duration::ZERO,
+            prefill_progress: None,
             plan,
         };
         engine.warm_up()?;

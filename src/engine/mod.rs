@@ -357,7 +357,13 @@ pub struct Engine {
     /// Bytes uploaded at load.
     pub load_bytes: u64,
     pub load_time: Duration,
+    /// Told (tokens done, tokens in all) before the first and after each batch of a prompt
+    /// longer than one batch.
+    prefill_progress: Option<ProgressFn>,
 }
+
+/// A progress callback: (done, total).
+pub type ProgressFn = Box<dyn FnMut(usize, usize) + Send>;
 
 impl Engine {
     /// Plan under the budget, upload what stays resident, build the dispatch lists.
@@ -456,6 +462,10 @@ impl Engine {
             }
         }
         self.io_.source().check().map_err(EngineError::Flash)?;
+        let long = tokens.len() > self.ubatch;
+        if long && let Some(f) = self.prefill_progress.as_mut() {
+            f(0, tokens.len());
+        }
         let mut done = 0;
         for chunk in tokens.chunks(self.ubatch) {
             let last_chunk = done + chunk.len() == tokens.len();
@@ -471,8 +481,17 @@ impl Engine {
             };
             self.run_batch(&[(0, chunk)], &want, &mut |i, l| on_logits(done + i, l))?;
             done += chunk.len();
+            if long && let Some(f) = self.prefill_progress.as_mut() {
+                f(done, tokens.len());
+            }
         }
         Ok(())
+    }
+
+    /// Report the progress of long prompts (more than one batch) through `f`: (tokens done,
+    /// tokens in all) before the first batch (0) and after each; `None` stops reporting.
+    pub fn set_prefill_progress(&mut self, f: Option<ProgressFn>) {
+        self.prefill_progress = f;
     }
 }
 
