@@ -39,6 +39,7 @@ fn calibration(direct_gb_s: f64, mmap_gb_s: f64) -> Calibration {
             rate("mmap", 1 << 20, 4, mmap_gb_s),
         ],
         upload_gb_s: 4.0,
+        host_copy_gb_s: 0.0,
         matvec_gb_s: [("Q8_0".to_string(), 1.0)].into(),
         prefill_gb_s: [("Q8_0".to_string(), 4.0)].into(),
         matmul_points: Vec::new(),
@@ -363,6 +364,97 @@ fn token_work_of_a_real_plan_matches_hand_numbers() {
     // copy to 549.872, compute to 685.872.
     let p = predict_token(&cal, &w);
     assert!(close(p.pipelined_ms * 1e3, 685.872), "{p:?}");
+    // The bytes the cache serves are copied by the I/O thread into the staging ring: layer 0
+    // and half of layer 1.
+    let copies: Vec<f64> = w.stages.iter().map(|s| s.copy_bytes).collect();
+    assert_eq!(copies, vec![layer as f64, (layer / 2) as f64, 0.0]);
+    assert_eq!(w.weight_copy_bytes, (layer + layer / 2) as f64);
+    assert_eq!(w.kv_copy_bytes, 0.0);
+    // Priced at 1 GB/s, µs: weight I/O gains 58.752 (155584 flash bytes at 0.5 GB/s = 311.168,
+    // 214336 uploaded at 4 GB/s = 53.584: 423.504). In the pipeline layer 0 now reads (copies)
+    // [0, 39.168], copies to the device to 48.96, computes to 273.248; layer 1 reads 39.168 +
+    // 19.584 from 48.96 to 107.712, copies after layer 0's compute to 283.04, computes to
+    // 507.328; the head reads [283.04, 555.04], copies to 589.04, computes to 725.04.
+    let copying = Calibration {
+        host_copy_gb_s: 1.0,
+        ..cal.clone()
+    };
+    let p = predict_token(&copying, &w);
+    assert!(close(p.weight_io_ms * 1e3, 423.504), "{p:?}");
+    assert!(close(p.pipelined_ms * 1e3, 725.04), "{p:?}");
+}
+
+#[test]
+fn kv_pages_are_copied_once_from_flash_and_twice_from_the_host_cache() {
+    // Four layers, 16-token pages, a budget that keeps the KV cache on flash: each page a
+    // layer attends that is away from the device is read into the job's buffer (from flash:
+    // no copy) or copied into it (host cache), then copied into the staging ring.
+    let (gguf, cfg) = small_q8_model("kvcopy", 4, 1024, 7);
+    let po = PlanOptions {
+        ctx: Some(1024),
+        kv_page: Some(16),
+        ..Default::default()
+    };
+    let plan = (1u64..4096)
+        .map(|kib| ExecPlan::new(&gguf, &cfg, kib << 10, &po))
+        .find_map(Result::ok)
+        .unwrap();
+    assert!(
+        plan.kv.streams,
+        "the smallest plan keeps the KV cache on the device"
+    );
+    let none = token_work(&plan, 1000, &direct_io(), 0.5);
+    assert!(none.kv_flash_bytes > 0.0);
+    assert_eq!(none.kv_flash_bytes, none.kv_upload_bytes);
+    assert_eq!(none.kv_copy_bytes, none.kv_upload_bytes);
+    // A host cache holding every weight and every page: nothing from flash, two copies each.
+    let all = token_work(
+        &plan,
+        1000,
+        &RunIo {
+            dram: 1 << 30,
+            ..direct_io()
+        },
+        0.5,
+    );
+    assert_eq!(all.kv_flash_bytes, 0.0);
+    assert_eq!(all.kv_upload_bytes, none.kv_upload_bytes);
+    assert_eq!(all.kv_copy_bytes, 2.0 * all.kv_upload_bytes);
+    // Page selection without a cache: the pages the previous token's selection prefetched are
+    // copied twice more (out of the prefetch's buffer, into the job's).
+    let qo = PlanOptions {
+        kv_select: Some(KvSelect {
+            spec: SelectSpec::Percent(25.0),
+            dense_layers: 1,
+        }),
+        ..po.clone()
+    };
+    let quest_plan = (1u64..4096)
+        .map(|kib| ExecPlan::new(&gguf, &cfg, kib << 10, &qo))
+        .find_map(Result::ok)
+        .unwrap();
+    assert!(quest_plan.kv.streams);
+    let quest = token_work(&quest_plan, 1000, &direct_io(), 0.5);
+    let kv = flashlm::plan::perf::kv_prediction(&quest_plan, 1000, 0, 0.5);
+    assert!(kv.prefetched_bytes_per_token > 0.0);
+    let expected = quest.kv_upload_bytes + 2.0 * kv.prefetched_bytes_per_token;
+    assert!(
+        (quest.kv_copy_bytes - expected).abs() < 1e-6,
+        "{} {expected}",
+        quest.kv_copy_bytes
+    );
+    // Priced: the copies add to the KV I/O at the host copy rate.
+    let cal = hand_calibration(vec![rate("direct", 1 << 20, 4, 1.0)], 0.0);
+    let copying = Calibration {
+        host_copy_gb_s: 2.0,
+        ..cal.clone()
+    };
+    let (a, b) = (predict_token(&cal, &all), predict_token(&copying, &all));
+    let added_ms = all.kv_copy_bytes / 2e9 * 1e3;
+    assert!(
+        (b.kv_io_ms - a.kv_io_ms - added_ms).abs() < 1e-9,
+        "{a:?} {b:?}"
+    );
 }
 
 #[test]

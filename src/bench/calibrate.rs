@@ -358,7 +358,8 @@ pub fn run(model: &LoadedModel, gpu: &GpuOptions) -> BenchResult<Calibration> {
         ups.push(up_bytes as f64 / t.elapsed().as_secs_f64() / 1e9);
     }
     let upload_gb_s = median(&mut ups);
-    eprintln!("upload {upload_gb_s:.2} GB/s");
+    let host_copy_gb_s = host_copy_rate();
+    eprintln!("upload {upload_gb_s:.2} GB/s, host memory copy {host_copy_gb_s:.2} GB/s");
     // Matrix products: every shape of the model's (rows capped), then every type the kernels
     // read on synthetic shapes, so that another model (`flashlm plan -m`, the S3 model) is
     // priced at its own types' rates. The per-type rates are the model's largest matrix.
@@ -427,6 +428,7 @@ pub fn run(model: &LoadedModel, gpu: &GpuOptions) -> BenchResult<Calibration> {
         adapter: String::new(),
         flash,
         upload_gb_s,
+        host_copy_gb_s,
         matvec_gb_s,
         prefill_gb_s,
         matmul_points,
@@ -488,6 +490,22 @@ pub fn run(model: &LoadedModel, gpu: &GpuOptions) -> BenchResult<Calibration> {
     let big = big_overlap_point(&cal, gpu, &prompt, &mut sm)?;
     cal.overlap_points = vec![small, big];
     Ok(cal)
+}
+
+/// GB/s of one thread copying 32 MiB between host buffers (both touched first), median of 5.
+fn host_copy_rate() -> f64 {
+    let n = 32usize << 20;
+    let src: Vec<u8> = (0..n).map(|i| i as u8).collect();
+    let mut dst = vec![1u8; n];
+    let mut rates: Vec<f64> = (0..5)
+        .map(|_| {
+            let t = Instant::now();
+            dst.copy_from_slice(std::hint::black_box(&src));
+            std::hint::black_box(&dst);
+            n as f64 / t.elapsed().as_secs_f64().max(1e-9) / 1e9
+        })
+        .collect();
+    median(&mut rates)
 }
 
 /// An engine over `model` for the calibration's runs (`resident`: a `--resident` spec; None:

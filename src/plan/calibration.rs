@@ -17,6 +17,11 @@ pub struct Calibration {
     pub flash: Vec<FlashRate>,
     /// Staging memory to device buffers, GB/s.
     pub upload_gb_s: f64,
+    /// Host memory to host memory, GB/s: the copies the I/O thread makes of bytes it did not
+    /// read from flash (host-cache hits into their slot or staging, KV pages through a host
+    /// buffer into staging). 0 in profiles from before it was measured: not priced.
+    #[serde(default)]
+    pub host_copy_gb_s: f64,
     /// Decode (one token) matrix-vector GB/s of weight bytes, by weight type name.
     pub matvec_gb_s: BTreeMap<String, f64>,
     /// Prefill matrix product: weight GB/s × tokens (bytes × tokens ÷ seconds), by type name.
@@ -205,7 +210,12 @@ impl Calibration {
             }
         }
         s.push_str(&format!(
-            "| dispatch | {:.1} µs each |\n| host round trip (submit, map, wait) | {:.1} µs |\n| attention, decode | {:.3} GB/s of KV |\n| attention, prefill | {:.3} GB/s of KV over the rows |\n| unhidden share of the overlap (β) | {} |\n| decode pass in place of its kernels (resident run ÷ the rates above) | {:.2}× |\n",
+            "| host memory copy | {} |\n| dispatch | {:.1} µs each |\n| host round trip (submit, map, wait) | {:.1} µs |\n| attention, decode | {:.3} GB/s of KV |\n| attention, prefill | {:.3} GB/s of KV over the rows |\n| unhidden share of the overlap (β) | {} |\n| decode pass in place of its kernels (resident run ÷ the rates above) | {:.2}× |\n",
+            if self.host_copy_gb_s > 0.0 {
+                format!("{:.2} GB/s", self.host_copy_gb_s)
+            } else {
+                "not measured".to_string()
+            },
             self.dispatch_s * 1e6,
             self.sync_s * 1e6,
             self.attn_gb_s,
@@ -241,6 +251,15 @@ impl Calibration {
         let text = serde_json::to_string_pretty(self).map_err(|e| e.to_string())?;
         std::fs::write(&tmp, text).map_err(|e| format!("writing {}: {e}", tmp.display()))?;
         std::fs::rename(&tmp, path).map_err(|e| format!("writing {}: {e}", path.display()))
+    }
+
+    /// Seconds to copy `bytes` in host memory (0 when the copy rate was not measured).
+    pub fn host_copy_s(&self, bytes: f64) -> f64 {
+        if self.host_copy_gb_s > 0.0 && self.host_copy_gb_s.is_finite() {
+            bytes / (self.host_copy_gb_s * 1e9)
+        } else {
+            0.0
+        }
     }
 
     /// Flash GB/s for reads in `mode` ("direct"/"mmap") with `threads` readers of `piece`
@@ -382,6 +401,7 @@ pub(crate) mod tests {
                 },
             ],
             upload_gb_s: 10.0,
+            host_copy_gb_s: 0.0,
             matvec_gb_s: [("Q4_1".to_string(), 1.0), ("Q8_0".to_string(), 2.0)].into(),
             prefill_gb_s: [("Q4_1".to_string(), 8.0)].into(),
             matmul_points: Vec::new(),

@@ -129,6 +129,9 @@ pub struct KvPrediction {
     /// KV bytes read from flash per token only once a layer has chosen its pages (needed
     /// pages neither prefetched nor in the host cache): attention waits for them.
     pub demand_flash_bytes_per_token: f64,
+    /// Needed KV bytes per token served by page selection's predictive prefetch (0 for
+    /// exact attention, whose reads ahead go straight to the device).
+    pub prefetched_bytes_per_token: f64,
 }
 
 /// Predicts the steady-state KV page traffic of a configuration (see the module docs).
@@ -191,6 +194,11 @@ pub fn predict(i: &KvModelInput) -> KvPrediction {
         wasted_prefetch_per_token: wasted,
         demand_flash_bytes_per_token: if quest {
             kv_bytes * (1.0 - hit_rate - prefetch_hit_rate).max(0.0)
+        } else {
+            0.0
+        },
+        prefetched_bytes_per_token: if quest {
+            kv_bytes * prefetch_hit_rate
         } else {
             0.0
         },
@@ -264,6 +272,8 @@ mod tests {
         // The half of each selection that the previous one did not hold is read on demand,
         // once the layer has chosen it; exact attention reads nothing on demand.
         assert_eq!(p.demand_flash_bytes_per_token, 48.0 * 4096.0);
+        // The other half came from the prefetch.
+        assert_eq!(p.prefetched_bytes_per_token, 48.0 * 4096.0);
         // An LRU cache of one selection per layer holds the previous selection: the dropped
         // prefetches hit it, and so do the kept pages.
         let p = with(&i, 96, Policy::Lru, 0.5);
@@ -273,6 +283,7 @@ mod tests {
         let p = with(&input(12, 66, 5, None), 0, Policy::Lru, 0.5);
         assert_eq!(p.wasted_prefetch_per_token, 0.0);
         assert_eq!(p.demand_flash_bytes_per_token, 0.0);
+        assert_eq!(p.prefetched_bytes_per_token, 0.0);
         assert_eq!(p.flash_bytes_per_token, p.kv_bytes_per_token);
     }
 

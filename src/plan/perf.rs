@@ -6,10 +6,12 @@
 //!   and shape, timed with the weights coming from memory rather than the caches, as in a pass)
 //!   + dispatches × the cost of one dispatch + attended KV bytes ÷ the attention kernel's GB/s;
 //! - weight I/O W = streamed weight bytes not held in the host cache ÷ the flash rate of the I/O
-//!   mode, + streamed bytes ÷ the upload rate (the copy from staging memory to the device);
+//!   mode, + streamed bytes ÷ the upload rate (the copy from staging memory to the device), +
+//!   the bytes the host cache serves ÷ the host copy rate (copied into a slot or staging);
 //! - KV I/O K = the KV bytes the page hit-rate model says come from flash ÷ the flash rate of
 //!   one reader at the size of a KV read (a run of pages), + KV bytes brought to the device ÷
-//!   the upload rate;
+//!   the upload rate, + the host copies of the pages (cache and prefetch hits into the job's
+//!   buffer, every page from it into staging) ÷ the host copy rate;
 //! - the layer-ahead pipeline overlaps compute with I/O: with K₁ the KV I/O of each layer's
 //!   first round through the stream pool (read ahead; the later rounds' attention waits for
 //!   their pages), T = max(C, W + K₁) + β · min(C, W + K₁) + (K − K₁), where β (0: perfect
@@ -57,9 +59,12 @@ pub fn predict_token(c: &Calibration, w: &TokenWork) -> Prediction {
         * c.compute_factor();
     let flash = c.flash_gb_s(&w.mode, w.piece, w.threads).max(1e-6) * 1e9;
     let up = c.upload_gb_s.max(1e-6) * 1e9;
-    let weight_s = w.weight_flash_bytes as f64 / flash + w.weight_upload_bytes as f64 / up;
+    let weight_s = w.weight_flash_bytes as f64 / flash
+        + w.weight_upload_bytes as f64 / up
+        + c.host_copy_s(w.weight_copy_bytes);
     let kv_flash = kv_flash_rate(c, w, flash);
-    let kv_s = w.kv_flash_bytes / kv_flash + w.kv_upload_bytes / up;
+    let kv_s =
+        w.kv_flash_bytes / kv_flash + w.kv_upload_bytes / up + c.host_copy_s(w.kv_copy_bytes);
     let serial = w.kv_serial_share.clamp(0.0, 1.0);
     let io = weight_s + kv_s * (1.0 - serial);
     let beta = c.beta_for(w.layer_bytes);
@@ -110,7 +115,10 @@ fn stages(c: &Calibration, w: &TokenWork, flash: f64, kv_flash: f64, up: f64) ->
         .map(|s| Stage {
             compute_s: (c.products_s(&s.matrices, false) + if s.pool == 0 { spread } else { 0.0 })
                 * c.compute_factor(),
-            read_s: s.flash_bytes / flash + s.kv_flash_bytes / kv_flash,
+            // The I/O thread's host copies run between its reads.
+            read_s: s.flash_bytes / flash
+                + s.kv_flash_bytes / kv_flash
+                + c.host_copy_s(s.copy_bytes),
             upload_s: s.upload_bytes / up,
             pool: s.pool,
             pieces: s.pieces,

@@ -24,6 +24,11 @@ pub struct TokenWork {
     /// KV bytes from flash (after the host cache) and uploaded.
     pub kv_flash_bytes: f64,
     pub kv_upload_bytes: f64,
+    /// Bytes the I/O thread copies in host memory: streamed weight bytes the host cache
+    /// serves (into their slot or the staging ring), and KV pages (host-cache hits into the
+    /// job's buffer, prefetched pages twice, then every fetched page into the staging ring).
+    pub weight_copy_bytes: f64,
+    pub kv_copy_bytes: f64,
     /// Piece size and threads of the weights' flash reads; I/O mode.
     pub piece: u64,
     pub threads: usize,
@@ -127,6 +132,8 @@ pub struct StageWork {
     pub flash_bytes: f64,
     pub kv_flash_bytes: f64,
     pub upload_bytes: f64,
+    /// Bytes copied in host memory (see [`TokenWork::weight_copy_bytes`]).
+    pub copy_bytes: f64,
     /// 0: a layer (layer slots), 1: the output head (chunk slots).
     pub pool: usize,
     pub pieces: usize,
@@ -214,6 +221,7 @@ pub fn kv_prediction(plan: &ExecPlan, n_past: usize, dram: u64, reuse: f64) -> K
         wasted_prefetch_per_token: s.wasted_prefetch_per_token,
         demand_flash_bytes_per_token: d.demand_flash_bytes_per_token
             + s.demand_flash_bytes_per_token,
+        prefetched_bytes_per_token: d.prefetched_bytes_per_token + s.prefetched_bytes_per_token,
     }
 }
 
@@ -325,7 +333,15 @@ pub fn token_work(plan: &ExecPlan, n_past: usize, io: &RunIo, reuse: f64) -> Tok
     };
     let ahead = (1.0 - demand) / rounds;
     let kv_serial_share = 1.0 - ahead;
+    // Pages not read from flash are copied into the job's host buffer first, prefetched pages
+    // twice (out of the prefetch's read buffer, then into the job's); then every fetched page
+    // goes from the job's buffer into the staging ring.
+    let per_layer = |bytes: f64| bytes / n_layers.max(1) as f64;
+    let kv_copy = kv_up
+        + per_layer(p.kv_bytes_per_token * p.hit_rate)
+        + 2.0 * per_layer(p.prefetched_bytes_per_token);
     let (kv_flash_ahead, kv_up_ahead) = (kv_flash * ahead, kv_up * ahead);
+    let mut weight_copy = 0.0;
     let mut stages: Vec<StageWork> = plan
         .layers
         .iter()
@@ -337,11 +353,14 @@ pub fn token_work(plan: &ExecPlan, n_past: usize, io: &RunIo, reuse: f64) -> Tok
             } else {
                 lw.files.iter().map(|t| t.n_bytes).sum()
             };
+            let flash_bytes = flash_part(bytes);
+            weight_copy += bytes as f64 - flash_bytes;
             StageWork {
                 matrices,
-                flash_bytes: flash_part(bytes),
+                flash_bytes,
                 kv_flash_bytes: kv_flash_ahead,
                 upload_bytes: if io.in_place { 0.0 } else { bytes as f64 } + kv_up_ahead,
+                copy_bytes: bytes as f64 - flash_bytes + kv_copy * ahead,
                 pool: 0,
                 pieces: 1,
             }
@@ -352,11 +371,14 @@ pub fn token_work(plan: &ExecPlan, n_past: usize, io: &RunIo, reuse: f64) -> Tok
     } else {
         head.n_bytes
     };
+    let head_flash = flash_part(head_bytes);
+    weight_copy += head_bytes as f64 - head_flash;
     stages.push(StageWork {
         matrices: vec![MatrixWork::of(head)],
-        flash_bytes: flash_part(head_bytes),
+        flash_bytes: head_flash,
         kv_flash_bytes: 0.0,
         upload_bytes: head_bytes as f64,
+        copy_bytes: head_bytes as f64 - head_flash,
         pool: 1,
         pieces: if head_bytes > 0 {
             plan.head.n_chunks.max(1) as usize
@@ -373,6 +395,8 @@ pub fn token_work(plan: &ExecPlan, n_past: usize, io: &RunIo, reuse: f64) -> Tok
         weight_upload_bytes: if io.in_place { 0 } else { streamed },
         kv_flash_bytes: p.flash_bytes_per_token,
         kv_upload_bytes: p.kv_bytes_per_token,
+        weight_copy_bytes: weight_copy,
+        kv_copy_bytes: kv_copy * n_layers as f64,
         piece,
         threads,
         mode: io.mode.clone(),
