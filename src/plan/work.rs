@@ -341,7 +341,6 @@ pub fn token_work(plan: &ExecPlan, n_past: usize, io: &RunIo, reuse: f64) -> Tok
         + per_layer(p.kv_bytes_per_token * p.hit_rate)
         + 2.0 * per_layer(p.prefetched_bytes_per_token);
     let (kv_flash_ahead, kv_up_ahead) = (kv_flash * ahead, kv_up * ahead);
-    let mut weight_copy = 0.0;
     let mut stages: Vec<StageWork> = plan
         .layers
         .iter()
@@ -354,7 +353,6 @@ pub fn token_work(plan: &ExecPlan, n_past: usize, io: &RunIo, reuse: f64) -> Tok
                 lw.files.iter().map(|t| t.n_bytes).sum()
             };
             let flash_bytes = flash_part(bytes);
-            weight_copy += bytes as f64 - flash_bytes;
             StageWork {
                 matrices,
                 flash_bytes,
@@ -372,7 +370,6 @@ pub fn token_work(plan: &ExecPlan, n_past: usize, io: &RunIo, reuse: f64) -> Tok
         head.n_bytes
     };
     let head_flash = flash_part(head_bytes);
-    weight_copy += head_bytes as f64 - head_flash;
     stages.push(StageWork {
         matrices: vec![MatrixWork::of(head)],
         flash_bytes: head_flash,
@@ -395,7 +392,8 @@ pub fn token_work(plan: &ExecPlan, n_past: usize, io: &RunIo, reuse: f64) -> Tok
         weight_upload_bytes: if io.in_place { 0 } else { streamed },
         kv_flash_bytes: p.flash_bytes_per_token,
         kv_upload_bytes: p.kv_bytes_per_token,
-        weight_copy_bytes: weight_copy,
+        // The host cache serves the first streamed bytes a pass reads (`flash_part`).
+        weight_copy_bytes: streamed.min(io.dram) as f64,
         kv_copy_bytes: kv_copy * n_layers as f64,
         piece,
         threads,
