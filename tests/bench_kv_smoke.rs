@@ -92,9 +92,9 @@ fn bench_kv_reports_every_section_with_finite_figures() {
     let base = base(&dir);
     let prompt_tokens = 96;
     // S2's context (prompt + n) is also the model sweep's largest (prompt + 4 + 24): at the
-    // smallest budget that takes both modes there, the KV cache streams.
+    // smallest budget that takes every mode there, the KV cache streams.
     let n_gen = 28;
-    let budget = ["exact", "quest:25%"]
+    let budget = MODES
         .iter()
         .map(|mode| {
             let mut o = base.clone();

@@ -269,7 +269,7 @@ fn page_selection_keeping_every_page_equals_exact() {
     for budget_min in [false, true] {
         let mut base = opts(None, 16, &dir);
         // The budget of the largest configuration (page summaries take device memory).
-        base.kv_select = Some(KvSelect::parse("quest:1", 0).unwrap());
+        base.kv_select = Some(KvSelect::parse("quest-lag:1", 0).unwrap());
         let budget = budget_min.then(|| min_budget(&gguf, &base));
         let mk = |sel: Option<&str>| {
             let mut o = base.clone();
@@ -278,7 +278,7 @@ fn page_selection_keeping_every_page_equals_exact() {
             engine(&gguf, &path, &o, IoMode::Mmap)
         };
         let want = run(&mut mk(None), &p, 24);
-        for sel in ["quest:100%", "quest:1000"] {
+        for sel in ["quest:100%", "quest:1000", "quest-lag:100%"] {
             let mut e = mk(Some(sel));
             let got = run(&mut e, &p, 24);
             assert_eq!(got.1, want.1, "{sel}, budget {budget:?}");
@@ -460,6 +460,66 @@ fn quest_resumed_from_an_exact_session_decodes_as_if_it_had_prefilled() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Lagged selection: the first step after the prompt waits for its scores like plain quest;
+/// the next step (no page filled in between) ranks by exactly those scores, read back at the
+/// end of the step for every layer, so it keeps the same pages and waits for nothing; later
+/// steps cross page boundaries without waits. Streaming the pages from flash gives the same
+/// ids and logits as holding them on the device.
+#[test]
+fn lagged_selection_reads_ahead_the_pages_the_previous_scores_chose() {
+    if common::gpu().is_none() {
+        return;
+    }
+    let dir = scratch("lagged");
+    let (gguf, path) = model(&dir);
+    // 120 tokens in pages of 16: the first two steps (positions 120 and 121) share a top page.
+    let p = prompt(120, 5);
+    let mut base = opts(None, 16, &dir);
+    base.kv_select = Some(KvSelect::parse("quest-lag:2", 1).unwrap());
+    let min = min_budget(&gguf, &base);
+    let mut runs = Vec::new();
+    for budget in [None, Some(min)] {
+        let mut o = base.clone();
+        o.gpu.budget = budget;
+        let mut e = engine(&gguf, &path, &o, IoMode::Direct);
+        assert_eq!(e.plan.kv.streams, budget.is_some());
+        let selecting = (0..e.cfg.n_layers)
+            .filter(|&l| e.plan.kv.selects_layer(l))
+            .count() as u64;
+        assert!(selecting > 0);
+        let mut logits = e.forward(&p).unwrap();
+        let mut ids = Vec::new();
+        let mut steps = Vec::new();
+        for step in 0..40 {
+            let id = flashlm::model::reference::argmax(&logits);
+            ids.push(id);
+            logits = e.forward(&[id]).unwrap();
+            steps.push(logits.clone());
+            let k = &e.kv_stats;
+            assert_eq!(
+                k.score_waits, selecting,
+                "step {step}: only the first step waits"
+            );
+            assert_eq!(k.selections, selecting * (step as u64 + 1));
+            if step == 1 {
+                assert!(k.reuse_total > 0);
+                assert_eq!(
+                    k.reuse_hits, k.reuse_total,
+                    "the second step keeps the pages the first step's scores chose"
+                );
+            }
+        }
+        assert!(e.kv_stats.selected_pages < e.kv_stats.candidate_pages);
+        runs.push((ids, steps));
+    }
+    assert_eq!(runs[0].0, runs[1].0, "ids differ when the pages stream");
+    assert!(
+        runs[0].1 == runs[1].1,
+        "logits differ when the pages stream"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn plan_sizes_are_allocated_exactly() {
     if common::gpu().is_none() {
@@ -468,7 +528,7 @@ fn plan_sizes_are_allocated_exactly() {
     let dir = scratch("plan");
     let (gguf, path) = model(&dir);
     for page in [1u32, 8, 64, 512] {
-        for sel in [None, Some("quest:4")] {
+        for sel in [None, Some("quest:4"), Some("quest-lag:4")] {
             let mut base = opts(None, page, &dir);
             base.kv_select = sel.map(|s| KvSelect::parse(s, 1).unwrap());
             base.logit_rows = 4;

@@ -426,6 +426,7 @@ fn kv_pages_are_copied_once_from_flash_and_twice_from_the_host_cache() {
         kv_select: Some(KvSelect {
             spec: SelectSpec::Percent(25.0),
             dense_layers: 1,
+            lagged: false,
         }),
         ..po.clone()
     };
@@ -476,17 +477,38 @@ fn selecting_layers_wait_for_their_page_scores() {
     let quest = plan_with(Some(KvSelect {
         spec: SelectSpec::Percent(25.0),
         dense_layers: 2,
+        lagged: false,
     }));
     assert_eq!(token_work(&quest, 1000, &io, 0.5).syncs, 4);
     // 40 tokens: three pages, page 0 and the recent window always attended, none to rank.
     assert_eq!(token_work(&quest, 40, &io, 0.5).syncs, 0);
     assert_eq!(token_work(&plan_with(None), 1000, &io, 0.5).syncs, 0);
+    // A lagged selection reads every layer's scores back once, at the end of the token, and
+    // reads its pages ahead: none is read only once chosen, none prefetched.
+    let lagged = plan_with(Some(KvSelect {
+        spec: SelectSpec::Percent(25.0),
+        dense_layers: 2,
+        lagged: true,
+    }));
+    let lw = token_work(&lagged, 1000, &io, 0.5);
+    assert_eq!(lw.syncs, 1);
+    let qw = token_work(&quest, 1000, &io, 0.5);
+    assert!(lw.kv_serial_share <= qw.kv_serial_share);
+    assert_eq!(lw.kv_upload_bytes, qw.kv_upload_bytes);
     // Each round trip is priced unhidden.
     let cal = |sync_s| hand_calibration(vec![rate("direct", 1 << 20, 4, 1.0)], sync_s);
     let w = token_work(&quest, 1000, &io, 0.5);
     let (a, b) = (predict_token(&cal(0.0), &w), predict_token(&cal(1e-3), &w));
     assert!(
         (b.ms_per_token - a.ms_per_token - 4.0).abs() < 1e-9,
+        "{a:?} {b:?}"
+    );
+    let (a, b) = (
+        predict_token(&cal(0.0), &lw),
+        predict_token(&cal(1e-3), &lw),
+    );
+    assert!(
+        (b.ms_per_token - a.ms_per_token - 1.0).abs() < 1e-9,
         "{a:?} {b:?}"
     );
 }

@@ -231,7 +231,9 @@ pub struct ModelArgs {
     #[arg(long, default_value = "0", value_parser = parse_kv_window)]
     pub kv_window: u32,
     /// Attend only selected KV pages: quest:N (the N pages with the highest upper bound of
-    /// their attention scores) or quest:P% (that share of the pages). Default: every page.
+    /// their attention scores) or quest:P% (that share of the pages). quest-lag:N and
+    /// quest-lag:P% rank the pages by the previous token's scores, so a layer's pages are read
+    /// ahead instead of after its own scores. Default: every page.
     #[arg(long)]
     pub kv_select: Option<String>,
     /// Layers, counted from the first, that attend every page despite --kv-select.

@@ -8,7 +8,7 @@ use super::layers::{self, Buffers, KvBuffers, Layer, Mats};
 use super::stats::{IoTotals, KvRunStats};
 use super::trace::Tracer;
 use super::upload::Uploader;
-use super::{Engine, EngineError, EngineOptions, Head, SeqState};
+use super::{Engine, EngineError, EngineOptions, Head, LagScores, SeqState};
 use crate::flash::source::WeightSource;
 use crate::gguf::{GgufFile, quant};
 use crate::gpu::staging::StagingRing;
@@ -240,6 +240,15 @@ impl Engine {
                 Some(ctx.alloc_as(
                     "kv scores readback",
                     kv.max_pages as u64 * kv.n_heads as u64 * 4,
+                    crate::gpu::BufferUsage::Readback,
+                )?)
+            } else {
+                None
+            },
+            scores_lag: if kv.select.is_some_and(|s| s.lagged) {
+                Some(ctx.alloc_as(
+                    "kv lagged scores readback",
+                    cfg.n_layers as u64 * kv.max_pages as u64 * kv.n_heads as u64 * 4,
                     crate::gpu::BufferUsage::Readback,
                 )?)
             } else {
@@ -509,6 +518,7 @@ impl Engine {
             seqs: (0..plan.kv.max_seqs)
                 .map(|_| SeqState {
                     prev_sel: vec![Vec::new(); n_layers],
+                    lag_scores: vec![LagScores::default(); n_layers],
                     slot_owner: vec![u32::MAX; plan.kv.home_pages as usize],
                     ..Default::default()
                 })

@@ -37,6 +37,9 @@ impl Engine {
         for s in &mut self.seqs[si].prev_sel {
             s.clear();
         }
+        for s in &mut self.seqs[si].lag_scores {
+            *s = Default::default();
+        }
         if let Ok(mut pf) = self.io_.prefetched.lock() {
             pf.clear();
         }

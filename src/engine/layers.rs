@@ -106,6 +106,8 @@ pub struct KvBuffers {
     pub jobs: Option<GpuBuffer>,
     pub scores: Option<GpuBuffer>,
     pub scores_rb: Option<GpuBuffer>,
+    /// Every layer's scores of a token, read back at its end (lagged selection).
+    pub scores_lag: Option<GpuBuffer>,
 }
 
 /// A layer's dispatch lists.

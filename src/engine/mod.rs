@@ -285,6 +285,14 @@ enum Head {
     },
 }
 
+/// A layer's page scores from one decode step: `scores[page * heads + head]` for the pages
+/// `[0, full)` (none when empty).
+#[derive(Debug, Clone, Default)]
+struct LagScores {
+    full: u32,
+    scores: Vec<f32>,
+}
+
 /// State of the sequence in the KV cache.
 #[derive(Debug, Clone, Default)]
 struct SeqState {
@@ -294,6 +302,8 @@ struct SeqState {
     written: u32,
     /// The pages each layer selected for the previous token (page selection).
     prev_sel: Vec<Vec<u32>>,
+    /// Each layer's page scores from the last decode step (lagged selection).
+    lag_scores: Vec<LagScores>,
     /// The page each home slot holds (the same in every layer).
     slot_owner: Vec<u32>,
 }

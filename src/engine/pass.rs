@@ -326,10 +326,32 @@ impl Engine {
         let exact_of = |l: usize| {
             if local[l] { &exact_local } else { &exact }
         };
+        // Lagged selection: each selecting layer's pages from the previous step's scores,
+        // known now (None: that layer waits for its own scores this step).
+        let lagging = decode && self.kvb.scores_lag.is_some();
+        let mut lagged: Vec<Option<Vec<RoundWork>>> = (0..self.layers.len())
+            .map(|l| {
+                if lagging && self.plan.kv.selects_layer(l) {
+                    let lo = if local[l] { local_page } else { 0 };
+                    self.lagged_pages(l, top, b0 - 1, lo)
+                } else {
+                    None
+                }
+            })
+            .collect();
+        // Layers that wait for their page scores at this step.
+        let selecting: Vec<bool> = (0..self.layers.len())
+            .map(|l| decode && self.plan.kv.selects_layer(l))
+            .collect();
+        let waits =
+            |l: usize, lagged: &[Option<Vec<RoundWork>>]| selecting[l] && lagged[l].is_none();
+        let mut scored: Vec<usize> = Vec::new();
         let mut enc = self.ctx.device.create_command_encoder(&Default::default());
         // KV pages of the first layer's first round.
         let mut next_kv: Vec<Ticket<JobResult>> = Vec::new();
-        if !self.plan.kv.selects_layer(0) || !decode {
+        if let Some(w) = &lagged[0] {
+            next_kv = self.queue_round(Priority::HotKv, 0, &w[0].loads);
+        } else if !waits(0, &lagged) {
             next_kv = self.queue_round(Priority::HotKv, 0, &exact_of(0)[0].loads);
         } else {
             self.prefetch_selection(0, top);
@@ -341,7 +363,7 @@ impl Engine {
                     self.finish_job(tk, format!("read+upload layer {l}"))?;
                 }
             }
-            let select = decode && self.plan.kv.selects_layer(l);
+            let select = waits(l, &lagged);
             {
                 let lists = if dl {
                     &self.decode_lists[l]
@@ -354,6 +376,10 @@ impl Engine {
                 let lo = if is_local { local_page } else { 0 };
                 let w = self.select_pages(l, enc, top, b0 - 1, lo)?;
                 enc = self.ctx.device.create_command_encoder(&Default::default());
+                w
+            } else if let Some(w) = lagged[l].take() {
+                self.record_lagged_scores(l, &mut enc, top)?;
+                scored.push(l);
                 w
             } else {
                 exact_of(l).clone()
@@ -442,7 +468,9 @@ impl Engine {
                 }
             }
             if l + 1 < self.layers.len() && next_kv.is_empty() {
-                if decode && self.plan.kv.selects_layer(l + 1) {
+                if let Some(w) = &lagged[l + 1] {
+                    next_kv = self.queue_round(Priority::HotKv, l + 1, &w[0].loads);
+                } else if waits(l + 1, &lagged) {
                     self.prefetch_selection(l + 1, top);
                 } else {
                     next_kv = self.queue_round(Priority::HotKv, l + 1, &exact_of(l + 1)[0].loads);
@@ -455,6 +483,9 @@ impl Engine {
             drop(enc);
         }
         self.head_pass(t, want, on_logits)?;
+        if lagging {
+            self.read_lagged_scores(&scored, top)?;
+        }
         // Queue the next pass's first streamed layers now, behind this pass's compute.
         while self.prefetched < window {
             let k = self.prefetched;

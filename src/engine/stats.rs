@@ -30,6 +30,9 @@ pub struct KvRunStats {
     pub selected_pages: u64,
     pub candidate_pages: u64,
     pub selections: u64,
+    /// Selections that waited for their own page scores (all of plain quest's; a lagged
+    /// selection's only without the previous token's scores).
+    pub score_waits: u64,
 }
 
 /// Figures of one generation.

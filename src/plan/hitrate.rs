@@ -77,6 +77,15 @@
 //! kept_cached` of the requests (`kept_cached`: `r` under LRU from `C >= L*N`, `hit` below, `r *
 //! hit` under Pinned); under exact attention every page is queued early, a prefetch hit.
 //!
+//! # Lagged selection
+//! A layer may choose its pages from the previous token's page scores instead of waiting for
+//! its own. Its selection is then known before it runs and is read ahead, page by page
+//! through the cache, as exact attention's pages are: no prefetch, nothing read for nothing,
+//! every needed page queued early. Every request touches the cache, so under LRU below one
+//! selection per layer (`C < L*N`) a kept page's stack distance is about `L*N - 1` and nothing
+//! hits (a cyclic scan); from `C >= L*N` up the quest formula above holds as it is, and Pinned
+//! is unchanged. The simulator's plain run ([`super::hitrate_sim::simulate`]) is this order.
+//!
 //! The simulator in [`super::hitrate_sim`] counts hits on synthetic traces of this layout; its
 //! tests check the model against it.
 
@@ -108,6 +117,10 @@ pub struct KvModelInput {
     /// Measured selection reuse across tokens, `|S_t ∩ S_{t-1}| / |S_t|` (ignored for exact;
     /// clamped to [0, 1], NaN read as 0).
     pub reuse: f64,
+    /// Lagged selection: a layer's pages are chosen from the previous token's scores, known
+    /// before the layer runs, so they are queued ahead through the cache like exact
+    /// attention's, with no separate prefetch (module docs).
+    pub lagged: bool,
 }
 
 /// Predicted steady-state KV traffic per token. Rates are 0 when nothing is requested.
@@ -153,6 +166,9 @@ pub fn predict(i: &KvModelInput) -> KvPrediction {
             Policy::Pinned => (c / all).min(1.0),
             Policy::Lru if c >= all => 1.0,
             Policy::Lru if n == m => 0.0,
+            // Below one selection per layer every request of a lagged selection touches the
+            // cache: a cyclic scan of about L*N pages (module docs).
+            Policy::Lru if c < requests && i.lagged => 0.0,
             // Below one selection per layer (module docs: prefetched pages bypass the cache).
             Policy::Lru if c < requests => (c / requests - (1.0 - r)).clamp(0.0, r),
             Policy::Lru => r + (1.0 - r) * returning_hits(c / l, f64::from(n), f64::from(m), r),
@@ -162,7 +178,8 @@ pub fn predict(i: &KvModelInput) -> KvPrediction {
     // Under quest the previous token's selection is prefetched (module docs): the share 1 - r
     // of it that the new selection drops was read for nothing, unless the cache held it (as
     // often as it holds a kept page).
-    let quest = n < m;
+    // A lagged selection prefetches nothing: its pages are read ahead as exact ones are.
+    let quest = n < m && !i.lagged;
     let wasted = if quest { requests * (1.0 - r) } else { 0.0 };
     let kept_cached = match i.policy {
         Policy::Pinned => r * hit_rate,
@@ -248,6 +265,7 @@ mod tests {
             cache_pages: 0,
             policy: Policy::Pinned,
             reuse: 0.0,
+            lagged: false,
         }
     }
 
@@ -256,6 +274,7 @@ mod tests {
             cache_pages,
             policy,
             reuse,
+            lagged: i.lagged,
             ..i.clone()
         })
     }
@@ -435,7 +454,11 @@ mod tests {
             };
             for c in [0, 1, 100, u64::MAX] {
                 for policy in [Policy::Pinned, Policy::Lru] {
-                    for r in reuses {
+                    for (r, lagged) in reuses.iter().flat_map(|&r| [(r, false), (r, true)]) {
+                        let i = KvModelInput {
+                            lagged,
+                            ..i.clone()
+                        };
                         let p = with(&i, c, policy, r);
                         let all = [
                             p.requests_per_token,

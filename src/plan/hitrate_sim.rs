@@ -385,6 +385,7 @@ mod tests {
                 cache_pages,
                 policy,
                 reuse: 0.0,
+                lagged: false,
             })
         };
         let p = model(500, Policy::Pinned);
@@ -425,6 +426,7 @@ mod tests {
                         cache_pages: c,
                         policy,
                         reuse,
+                        lagged: false,
                     });
                     let sim = simulate_prefetching(&trace, policy, c);
                     let flash = model.flash_bytes_per_token / model.requests_per_token;
@@ -452,6 +454,52 @@ mod tests {
             worst[0] <= 0.04 && worst[1] <= 0.04 && worst[2] <= 0.08,
             "worst {worst:?}\n{report}"
         );
+    }
+
+    /// A lagged selection (every request through the cache, nothing prefetched) against the
+    /// plain simulator on the same quest traces as above: hit rate and flash pages per request
+    /// within 0.04, no prefetched page read for nothing.
+    #[test]
+    fn lagged_quest_model_matches_plain_simulator() {
+        let (l, pages, home, n) = (12u32, 66u32, 5u32, 8u32);
+        let mut report = String::new();
+        let mut worst = 0.0f64;
+        for (r, seed) in [(0.0, 1), (0.5, 2), (0.9, 3)] {
+            let trace = quest_trace(l, pages, home, n, 2500, r, seed);
+            let reuse = trace_reuse(&trace);
+            for c_l in [0, 2, 4, 6, 7, 9, 12, 20, 30, 40, 50, 58, 61] {
+                let c = u64::from(c_l * l);
+                for policy in [Policy::Lru, Policy::Pinned] {
+                    let model = predict(&KvModelInput {
+                        n_layers: l,
+                        page_bytes: 1,
+                        pages,
+                        home_pages: home,
+                        select: Some(n),
+                        cache_pages: c,
+                        policy,
+                        reuse,
+                        lagged: true,
+                    });
+                    let sim = simulate(&trace, policy, c);
+                    let flash = model.flash_bytes_per_token / model.requests_per_token;
+                    assert_eq!(model.wasted_prefetch_per_token, 0.0);
+                    assert_eq!(model.demand_flash_bytes_per_token, 0.0);
+                    let e = (model.hit_rate - sim.hit_rate(500))
+                        .abs()
+                        .max((flash - sim.flash_per_request(500)).abs());
+                    worst = worst.max(e);
+                    report += &format!(
+                        "r {r} C_l {c_l} {policy:?}: hit model {:.4} sim {:.4} | flash model \
+                         {flash:.4} sim {:.4}\n",
+                        model.hit_rate,
+                        sim.hit_rate(500),
+                        sim.flash_per_request(500),
+                    );
+                }
+            }
+        }
+        assert!(worst <= 0.04, "worst {worst}\n{report}");
     }
 
     #[test]

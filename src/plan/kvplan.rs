@@ -37,17 +37,29 @@ pub enum SelectSpec {
 pub struct KvSelect {
     pub spec: SelectSpec,
     pub dense_layers: u32,
+    /// Lagged (`quest-lag:`): a layer ranks the pages by the scores of the previous token's
+    /// query, read back once at the end of that token, instead of waiting for its own query's
+    /// scores; its pages are then known before it runs and read ahead like exact attention's.
+    /// The first step after a prompt (no scores yet) selects as plain quest does, and pages
+    /// filled since the scores were taken are always attended.
+    pub lagged: bool,
 }
 
 impl KvSelect {
-    /// `quest:N` (pages) or `quest:P%` (share of the pages).
+    /// `quest:N` (pages) or `quest:P%` (share of the pages); `quest-lag:N` and `quest-lag:P%`
+    /// select from the previous token's scores.
     pub fn parse(s: &str, dense_layers: u32) -> Result<Self, String> {
         let err = || {
             format!(
-                "--kv-select {s:?}: expected quest:N (pages, N >= 1) or quest:P% (0 < P <= 100)"
+                "--kv-select {s:?}: expected quest:N (pages, N >= 1) or quest:P% (0 < P <= 100), \
+                 or quest-lag:N / quest-lag:P% (chosen from the previous token's scores)"
             )
         };
-        let rest = s.trim().strip_prefix("quest:").ok_or_else(err)?;
+        let spec = s.trim();
+        let (rest, lagged) = match spec.strip_prefix("quest-lag:") {
+            Some(r) => (r, true),
+            None => (spec.strip_prefix("quest:").ok_or_else(err)?, false),
+        };
         let spec = if let Some(p) = rest.strip_suffix('%') {
             let v: f64 = p.trim().parse().map_err(|_| err())?;
             if !(v > 0.0 && v <= 100.0) {
@@ -61,7 +73,11 @@ impl KvSelect {
             }
             SelectSpec::Pages(v)
         };
-        Ok(Self { spec, dense_layers })
+        Ok(Self {
+            spec,
+            dense_layers,
+            lagged,
+        })
     }
 
     /// Pages to keep out of `candidates`.
@@ -209,9 +225,14 @@ impl KvPlan {
             + round16(self.pageout_pages as u64 * self.page_bytes);
         if let Some(sel) = self.select {
             let selecting = n.saturating_sub(sel.dense_layers as u64);
+            let scores = self.max_pages as u64 * self.n_heads as u64 * 4;
             b += selecting * round16(self.max_pages as u64 * 2 * self.kv_dim as u64 * 4)
                 + round16((4 + 4 * self.touched_pages as u64) * 4)
-                + 2 * round16(self.max_pages as u64 * self.n_heads as u64 * 4);
+                + 2 * round16(scores);
+            if sel.lagged {
+                // Every layer's scores, read back at the end of a token.
+                b += round16(n * scores);
+            }
         }
         b
     }

@@ -174,6 +174,7 @@ pub fn kv_prediction(plan: &ExecPlan, n_past: usize, dram: u64, reuse: f64) -> K
             cache_pages,
             policy: Policy::Pinned,
             reuse: 0.0,
+            lagged: false,
         });
     };
     // Dense layers scan every page and pin what they read; the others select (LRU). A pinned
@@ -199,6 +200,7 @@ pub fn kv_prediction(plan: &ExecPlan, n_past: usize, dram: u64, reuse: f64) -> K
             cache_pages,
             policy,
             reuse,
+            lagged: sel.lagged,
         })
     };
     let d = part(dense, None, Policy::Pinned, dense_cache);
@@ -292,7 +294,8 @@ pub fn token_work(plan: &ExecPlan, n_past: usize, io: &RunIo, reuse: f64) -> Tok
             let keep = sel.keep(cand as u32) as u64;
             let dense = (sel.dense_layers as u64).min(n_layers);
             if keep < cand {
-                syncs = n_layers - dense;
+                // One read-back per selecting layer, or one per token when lagged.
+                syncs = if sel.lagged { 1 } else { n_layers - dense };
             }
             let sel_keys = ((pages - cand + keep) * kv.page_tokens as u64).min(n);
             (dense * n + (n_layers - dense) * sel_keys) as f64 / n_layers.max(1) as f64
@@ -498,6 +501,7 @@ mod tests {
         let quest = KvSelect {
             spec: SelectSpec::Percent(25.0),
             dense_layers: 2,
+            lagged: false,
         };
         let piece = kv_read_piece(&kv(32, 2, Some(quest)), 4096, 16.0 * page);
         let want = page / (1.0 - 16.0 / 61.0);

@@ -2,9 +2,9 @@
 //!
 //! - Scenario S2: the default model under a 16 MiB device budget with direct I/O and a cold
 //!   page cache prefills a long prompt of natural prose, then decodes; exact attention and page
-//!   selection at 25% and 50% of the pages, each without a host cache and with one (the
-//!   streamed weights plus a share of the streamed KV pages), so the hit-rate columns carry
-//!   information. Beside it, S1 (the same budget, a 64-token prompt: weights streaming with a
+//!   selection at 25% and 50% of the pages, plain and lagged (`quest-lag:`), each without a
+//!   host cache and with one (the streamed weights plus a share of the streamed KV pages), so
+//!   the hit-rate columns carry information. Beside it, S1 (the same budget, a 64-token prompt: weights streaming with a
 //!   KV cache that stays on the device) and the raw cold read rate, so exact S2 can be compared
 //!   with "S1 plus the KV bytes at the flash rate".
 //! - Time to first token for the long prompt, cold and resumed from a saved session.
@@ -46,8 +46,15 @@ pub const S2_BUDGET: u64 = 16 << 20;
 pub const DEFAULT_CACHE_SHARE: f64 = 0.25;
 /// Prompt tokens of S1 (as in `bench stream`).
 pub const S1_PROMPT: usize = 64;
-/// The attention modes of S2.
-pub const MODES: [&str; 3] = ["exact", "quest:25%", "quest:50%"];
+/// The attention modes of S2: exact, page selection at a quarter and half of the pages, and
+/// the same selections ranked by the previous token's scores (read ahead, no per-layer wait).
+pub const MODES: [&str; 5] = [
+    "exact",
+    "quest:25%",
+    "quest-lag:25%",
+    "quest:50%",
+    "quest-lag:50%",
+];
 
 /// What `bench kv` runs.
 pub struct KvBenchOptions<'a> {
