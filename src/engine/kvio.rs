@@ -97,6 +97,7 @@ impl Engine {
                 self.plan.kv.page_bytes,
                 self.layers[l].home.buffer.clone(),
                 Admit::Pinned,
+                Vec::new(),
             );
             tk.wait()
                 .map_err(|e| EngineError::Transfer(e.to_string()))?

@@ -22,6 +22,9 @@ pub(super) struct RoundWork {
     pub(super) lists: Vec<(u32, PageList)>,
     pub(super) loads: Vec<(u32, Vec<(u32, u32)>)>,
     pub(super) round: Round,
+    /// Pages read from flash but not admitted to the host cache (sorted): a selection's kept
+    /// pages that the cache lacks (see `plan::hitrate`, lagged selection).
+    pub(super) transient: Vec<u32>,
 }
 
 impl RoundWork {
@@ -59,6 +62,7 @@ pub(super) fn plan_rounds(
                 lists: lists.clone(),
                 loads,
                 round,
+                transient: Vec::new(),
             }
         })
         .collect()
@@ -150,17 +154,12 @@ impl Engine {
         }
     }
 
-    /// Queue the KV pages of a round of layer `l` into the stream pool (a job per sequence).
-    fn queue_round(
-        &self,
-        prio: Priority,
-        l: usize,
-        loads: &[(u32, Vec<(u32, u32)>)],
-    ) -> Vec<Ticket<JobResult>> {
-        loads
+    /// Queue the KV pages of round `w` of layer `l` into the stream pool (a job per sequence).
+    fn queue_round(&self, prio: Priority, l: usize, w: &RoundWork) -> Vec<Ticket<JobResult>> {
+        w.loads
             .iter()
             .filter(|(_, ld)| !ld.is_empty())
-            .map(|(seq, ld)| self.queue_kv(prio, l, *seq, ld))
+            .map(|(seq, ld)| self.queue_kv(prio, l, *seq, ld, &w.transient))
             .collect()
     }
 
@@ -171,6 +170,7 @@ impl Engine {
         l: usize,
         seq: u32,
         loads: &[(u32, u32)],
+        transient: &[u32],
     ) -> Ticket<JobResult> {
         let admit = if self.plan.kv.selects_layer(l) {
             Admit::Lru
@@ -186,6 +186,7 @@ impl Engine {
             self.plan.kv.page_bytes,
             self.kvb.stream.buffer.clone(),
             admit,
+            transient.to_vec(),
         )
     }
 
@@ -350,9 +351,9 @@ impl Engine {
         // KV pages of the first layer's first round.
         let mut next_kv: Vec<Ticket<JobResult>> = Vec::new();
         if let Some(w) = &lagged[0] {
-            next_kv = self.queue_round(Priority::HotKv, 0, &w[0].loads);
+            next_kv = self.queue_round(Priority::HotKv, 0, &w[0]);
         } else if !waits(0, &lagged) {
-            next_kv = self.queue_round(Priority::HotKv, 0, &exact_of(0)[0].loads);
+            next_kv = self.queue_round(Priority::HotKv, 0, &exact_of(0)[0]);
         } else {
             self.prefetch_selection(0, top);
         }
@@ -398,11 +399,11 @@ impl Engine {
                     && tickets[ri + 1].is_empty()
                     && work[ri + 1].has_loads()
                 {
-                    tickets[ri + 1] = self.queue_round(Priority::HotKv, l, &work[ri + 1].loads);
+                    tickets[ri + 1] = self.queue_round(Priority::HotKv, l, &work[ri + 1]);
                 }
                 if w.has_loads() {
                     if tickets[ri].is_empty() {
-                        tickets[ri] = self.queue_round(Priority::HotKv, l, &w.loads);
+                        tickets[ri] = self.queue_round(Priority::HotKv, l, w);
                     }
                     // Submit what is recorded before blocking on the pages.
                     let ready = std::mem::replace(
@@ -469,11 +470,11 @@ impl Engine {
             }
             if l + 1 < self.layers.len() && next_kv.is_empty() {
                 if let Some(w) = &lagged[l + 1] {
-                    next_kv = self.queue_round(Priority::HotKv, l + 1, &w[0].loads);
+                    next_kv = self.queue_round(Priority::HotKv, l + 1, &w[0]);
                 } else if waits(l + 1, &lagged) {
                     self.prefetch_selection(l + 1, top);
                 } else {
-                    next_kv = self.queue_round(Priority::HotKv, l + 1, &exact_of(l + 1)[0].loads);
+                    next_kv = self.queue_round(Priority::HotKv, l + 1, &exact_of(l + 1)[0]);
                 }
             }
         }

@@ -209,7 +209,8 @@ impl Engine {
     }
 
     /// The rounds of layer `l` attending page 0, the recent window and `chosen` (out of
-    /// `n_candidates`), with the selection's statistics.
+    /// `n_candidates`), with the selection's statistics; the pages kept from the previous
+    /// selection are transient (see [`RoundWork::transient`]).
     fn selection_rounds(
         &mut self,
         l: usize,
@@ -219,12 +220,13 @@ impl Engine {
         last_pos: usize,
     ) -> Vec<RoundWork> {
         let prev = &self.seqs[0].prev_sel[l];
+        let kept: Vec<u32> = chosen
+            .iter()
+            .copied()
+            .filter(|p| prev.binary_search(p).is_ok())
+            .collect();
         if !prev.is_empty() && !chosen.is_empty() {
-            let again = chosen
-                .iter()
-                .filter(|p| prev.binary_search(p).is_ok())
-                .count();
-            self.kv_stats.reuse_hits += again as u64;
+            self.kv_stats.reuse_hits += kept.len() as u64;
             self.kv_stats.reuse_total += chosen.len() as u64;
         }
         self.kv_stats.selected_pages += chosen.len() as u64;
@@ -237,7 +239,13 @@ impl Engine {
         pages.dedup();
         self.seqs[0].prev_sel[l] = chosen;
         let list = PageList::of_pages(&self.map, pages, last_pos);
-        plan_rounds(&self.map, vec![(0, list)], true)
+        let mut rounds = plan_rounds(&self.map, vec![(0, list)], true);
+        // Kept pages the host cache lacks are read and used, not admitted: admitting them
+        // would turn the selections into a cyclic scan of the cache (`plan::hitrate`).
+        for r in &mut rounds {
+            r.transient = kept.clone();
+        }
+        rounds
     }
 
     /// Write the pages that filled up during positions `[a, b)` to the page file, every layer.

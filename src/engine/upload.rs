@@ -157,7 +157,8 @@ impl Uploader {
 
     /// Queue KV pages of (seq, layer) into stream-pool slots: (page, slot) pairs. Pages come
     /// from a prefetch, the host cache, or the page file (runs of consecutive pages in one
-    /// read); pages read from flash enter the host cache under `admit`.
+    /// read); pages read from flash enter the host cache under `admit`, but for those in
+    /// `transient` (sorted), which are used once and left out.
     #[allow(clippy::too_many_arguments)]
     pub fn kv_pages(
         &self,
@@ -169,6 +170,7 @@ impl Uploader {
         page_bytes: u64,
         pool: wgpu::Buffer,
         admit: Admit,
+        transient: Vec<u32>,
     ) -> Ticket<JobResult> {
         let ring = self.ring.clone();
         let ctx = self.ctx.clone();
@@ -210,7 +212,9 @@ impl Uploader {
             if cache.budget() > 0 {
                 for &i in &missing {
                     let page = loads[i].0;
-                    cache.insert(kv_key(seq, layer, page), &host[i * pb..(i + 1) * pb], admit);
+                    if transient.binary_search(&page).is_err() {
+                        cache.insert(kv_key(seq, layer, page), &host[i * pb..(i + 1) * pb], admit);
+                    }
                 }
             }
             let reqs: Vec<OwnedReq> = loads

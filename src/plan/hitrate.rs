@@ -79,12 +79,13 @@
 //!
 //! # Lagged selection
 //! A layer may choose its pages from the previous token's page scores instead of waiting for
-//! its own. Its selection is then known before it runs and is read ahead, page by page
-//! through the cache, as exact attention's pages are: no prefetch, nothing read for nothing,
-//! every needed page queued early. Every request touches the cache, so under LRU below one
-//! selection per layer (`C < L*N`) a kept page's stack distance is about `L*N - 1` and nothing
-//! hits (a cyclic scan); from `C >= L*N` up the quest formula above holds as it is, and Pinned
-//! is unchanged. The simulator's plain run ([`super::hitrate_sim::simulate`]) is this order.
+//! its own. Its selection is then known before it runs and is read ahead as exact attention's
+//! pages are: no prefetch, nothing read for nothing, every needed page queued early. A kept
+//! page the cache lacks is read and used once, not admitted, as a prefetched one is, so the
+//! cache evolves as under the prefetch and the hit rate is the quest one above (below one
+//! selection per layer too); the flash bytes are the misses alone. Admitting those pages
+//! instead would make the selections a cyclic scan of about `L*N` pages under LRU, hitting
+//! nothing below `C = L*N`. [`super::hitrate_sim::simulate_lagged`] runs this order.
 //!
 //! The simulator in [`super::hitrate_sim`] counts hits on synthetic traces of this layout; its
 //! tests check the model against it.
@@ -166,9 +167,6 @@ pub fn predict(i: &KvModelInput) -> KvPrediction {
             Policy::Pinned => (c / all).min(1.0),
             Policy::Lru if c >= all => 1.0,
             Policy::Lru if n == m => 0.0,
-            // Below one selection per layer every request of a lagged selection touches the
-            // cache: a cyclic scan of about L*N pages (module docs).
-            Policy::Lru if c < requests && i.lagged => 0.0,
             // Below one selection per layer (module docs: prefetched pages bypass the cache).
             Policy::Lru if c < requests => (c / requests - (1.0 - r)).clamp(0.0, r),
             Policy::Lru => r + (1.0 - r) * returning_hits(c / l, f64::from(n), f64::from(m), r),
