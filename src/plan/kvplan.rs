@@ -368,3 +368,29 @@ impl KvPlan {
         kv
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn select_specs_parse() {
+        let q = KvSelect::parse("quest:25%", 2).unwrap();
+        assert_eq!(q.spec, SelectSpec::Percent(25.0));
+        assert_eq!((q.dense_layers, q.lagged), (2, false));
+        let l = KvSelect::parse(" quest-lag:8 ", 1).unwrap();
+        assert_eq!(l.spec, SelectSpec::Pages(8));
+        assert_eq!((l.dense_layers, l.lagged), (1, true));
+        assert!(KvSelect::parse("quest-lag:50%", 0).unwrap().lagged);
+        for bad in [
+            "quest-lag:0",
+            "quest-lag:0%",
+            "quest-lag:",
+            "lag:4",
+            "quest-lag-4",
+            "quest:lag:4",
+        ] {
+            assert!(KvSelect::parse(bad, 0).is_err(), "{bad}");
+        }
+    }
+}
