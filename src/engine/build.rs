@@ -8,7 +8,7 @@ use super::layers::{self, Buffers, KvBuffers, Layer, Mats};
 use super::stats::{IoTotals, KvRunStats};
 use super::trace::Tracer;
 use super::upload::Uploader;
-use super::{Engine, EngineError, EngineOptions, Head, LagScores, SeqState};
+use super::{Engine, EngineError, EngineOptions, Head, SeqState};
 use crate::flash::source::WeightSource;
 use crate::gguf::{GgufFile, quant};
 use crate::gpu::staging::StagingRing;
@@ -518,7 +518,7 @@ impl Engine {
             seqs: (0..plan.kv.max_seqs)
                 .map(|_| SeqState {
                     prev_sel: vec![Vec::new(); n_layers],
-                    lag_scores: vec![LagScores::default(); n_layers],
+                    lag_scores: vec![Vec::new(); n_layers],
                     slot_owner: vec![u32::MAX; plan.kv.home_pages as usize],
                     ..Default::default()
                 })

@@ -38,7 +38,7 @@ impl Engine {
             s.clear();
         }
         for s in &mut self.seqs[si].lag_scores {
-            *s = Default::default();
+            s.clear();
         }
         if let Ok(mut pf) = self.io_.prefetched.lock() {
             pf.clear();

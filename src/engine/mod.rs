@@ -285,14 +285,6 @@ enum Head {
     },
 }
 
-/// A layer's page scores from one decode step: `scores[page * heads + head]` for the pages
-/// `[0, full)` (none when empty).
-#[derive(Debug, Clone, Default)]
-struct LagScores {
-    full: u32,
-    scores: Vec<f32>,
-}
-
 /// State of the sequence in the KV cache.
 #[derive(Debug, Clone, Default)]
 struct SeqState {
@@ -302,8 +294,9 @@ struct SeqState {
     written: u32,
     /// The pages each layer selected for the previous token (page selection).
     prev_sel: Vec<Vec<u32>>,
-    /// Each layer's page scores from the last decode step (lagged selection).
-    lag_scores: Vec<LagScores>,
+    /// Each layer's page scores from the last decode step (lagged selection):
+    /// `[page * heads + head]` for the pages that step scored (none when empty).
+    lag_scores: Vec<Vec<f32>>,
     /// The page each home slot holds (the same in every layer).
     slot_owner: Vec<u32>,
 }

@@ -6,7 +6,7 @@ use crate::kv::pages::PageList;
 
 use super::pass::{RoundWork, plan_rounds};
 use super::trace::{TID_HOST, TID_IO};
-use super::{Engine, EngineError, LagScores};
+use super::{Engine, EngineError};
 
 impl Engine {
     /// Predictive prefetch: the pages layer `l` selected for the previous token, if they are
@@ -113,10 +113,7 @@ impl Engine {
             let s: Vec<f32> = bytemuck::pod_collect_to_vec(&raw);
             let chosen = crate::kv::select::keep_pages(&s, heads, &candidates, keep, self.logit());
             if self.kvb.scores_lag.is_some() {
-                self.seqs[0].lag_scores[l] = LagScores {
-                    full: top,
-                    scores: s,
-                };
+                self.seqs[0].lag_scores[l] = s;
             }
             chosen
         };
@@ -125,8 +122,8 @@ impl Engine {
 
     /// Lagged selection for layer `l` at decode: the pages chosen by the previous step's
     /// scores (None without them: select as plain quest does). Candidates filled since those
-    /// scores were taken have none and are attended. Records this step's scores into `enc`
-    /// for the next step ([`Self::read_lagged_scores`]).
+    /// scores were taken have none and are attended. This step's scores are recorded by
+    /// [`Self::record_lagged_scores`] and read by [`Self::read_lagged_scores`].
     pub(super) fn lagged_pages(
         &mut self,
         l: usize,
@@ -134,17 +131,18 @@ impl Engine {
         last_pos: usize,
         lo: u32,
     ) -> Option<Vec<RoundWork>> {
+        let heads = self.cfg.n_heads;
         let prev = &self.seqs[0].lag_scores[l];
-        if prev.scores.is_empty() || prev.full > top {
+        let full = (prev.len() / heads.max(1)) as u32;
+        if full == 0 || full > top {
             return None;
         }
         let candidates = self.candidates(top, lo);
         let keep = self.keep_of(candidates.len());
-        let (scored, unscored): (Vec<u32>, Vec<u32>) =
-            candidates.iter().partition(|&&p| p < prev.full);
+        let (scored, unscored): (Vec<u32>, Vec<u32>) = candidates.iter().partition(|&&p| p < full);
         let mut chosen = crate::kv::select::keep_pages(
-            &prev.scores,
-            self.cfg.n_heads,
+            prev,
+            heads,
             &scored,
             keep.min(scored.len()),
             self.logit(),
@@ -200,10 +198,7 @@ impl Engine {
         let n = top as usize * heads;
         for &l in layers {
             let s = all.get(l * stride..l * stride + n).unwrap_or_default();
-            self.seqs[0].lag_scores[l] = LagScores {
-                full: top,
-                scores: s.to_vec(),
-            };
+            self.seqs[0].lag_scores[l] = s.to_vec();
         }
         Ok(())
     }
