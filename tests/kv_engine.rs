@@ -520,6 +520,94 @@ fn lagged_selection_reads_ahead_the_pages_the_previous_scores_chose() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Plain page selection with streamed weights: a selecting layer's device waits for the pages
+/// it chose, so those are read before the weights of the next streamed layer, which are held
+/// back until the choice is queued (read earlier, they would be the I/O job in flight when the
+/// scores come back). Checked on the order of the I/O thread's jobs in the trace of decode steps.
+#[test]
+fn chosen_pages_are_read_before_the_next_layers_weights() {
+    if common::gpu().is_none() {
+        return;
+    }
+    let dir = scratch("chosen-first");
+    let sp = SyntheticSpec {
+        n_layers: 6,
+        ..spec()
+    };
+    let bytes = synthetic_llama(&sp, 23);
+    let path = dir.join("model.gguf");
+    std::fs::write(&path, &bytes).unwrap();
+    let gguf = Arc::new(GgufFile::from_bytes(bytes).unwrap());
+    let mut o = opts(None, 16, &dir);
+    o.kv_select = Some(KvSelect::parse("quest:2", 1).unwrap());
+    o.trace = true;
+    o.gpu.budget = Some(min_budget(&gguf, &o));
+    let mut e = engine(&gguf, &path, &o, IoMode::Direct);
+    assert!(
+        e.placement.streaming && e.plan.kv.streams,
+        "{}",
+        e.placement
+    );
+    let mut logits = e.forward(&prompt(120, 9)).unwrap();
+    e.tracer.clear();
+    for _ in 0..8 {
+        let id = flashlm::model::reference::argmax(&logits);
+        logits = e.forward(&[id]).unwrap();
+    }
+    let trace = dir.join("trace.json");
+    e.write_trace(&trace).unwrap();
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
+    // The I/O thread's jobs in the order they ran.
+    let mut io: Vec<(f64, String)> = doc["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|ev| ev["ph"] == "X" && ev["tid"] == 1)
+        .map(|ev| {
+            (
+                ev["ts"].as_f64().unwrap(),
+                ev["name"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    io.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let streamed = |l: usize| !e.placement.resident_layers[l];
+    let mut checked = 0;
+    for (i, (_, name)) in io.iter().enumerate() {
+        let Some(l) = name
+            .strip_prefix("read+upload KV layer ")
+            .and_then(|r| r.strip_suffix(" round 0"))
+            .and_then(|l| l.parse::<usize>().ok())
+        else {
+            continue;
+        };
+        if l + 1 >= sp.n_layers || !e.plan.kv.selects_layer(l) || !streamed(l + 1) {
+            continue;
+        }
+        // The nearest read of the next layer's weights, on either side.
+        let want = format!("read+upload layer {}", l + 1);
+        let dist = |j: usize| (i as i64 - j as i64).abs();
+        let nearest = io
+            .iter()
+            .enumerate()
+            .filter(|(_, (_, n))| *n == want)
+            .min_by_key(|(j, _)| dist(*j))
+            .map(|(j, _)| j);
+        if let Some(j) = nearest {
+            assert!(
+                j > i,
+                "layer {l}'s chosen pages were read after layer {}'s weights: {:?}",
+                l + 1,
+                &io[j.min(i)..=j.max(i)]
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 8, "only {checked} selecting layers read pages");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn plan_sizes_are_allocated_exactly() {
     if common::gpu().is_none() {

@@ -347,6 +347,11 @@ impl Engine {
         let waits =
             |l: usize, lagged: &[Option<Vec<RoundWork>>]| selecting[l] && lagged[l].is_none();
         let mut scored: Vec<usize> = Vec::new();
+        // A streamed layer's weights held back until the next layer, which waits for its page
+        // scores, has queued the pages it chose: read earlier, they would be the I/O job in
+        // flight when the scores come back, and the chosen pages (needed at once, while the
+        // device idles) would wait behind them.
+        let mut deferred: Option<usize> = None;
         let mut enc = self.ctx.device.create_command_encoder(&Default::default());
         // KV pages of the first layer's first round.
         let mut next_kv: Vec<Ticket<JobResult>> = Vec::new();
@@ -391,8 +396,19 @@ impl Engine {
             if !select && work[0].has_loads() {
                 tickets[0] = std::mem::take(&mut next_kv);
             }
+            if select {
+                if work[0].has_loads() {
+                    tickets[0] = self.queue_round(Priority::HotKv, l, &work[0]);
+                }
+                if let Some(si) = deferred.take() {
+                    self.queue_weights(si, false);
+                }
+            }
             let halves = self.map.halves;
             for (ri, w) in work.iter().enumerate() {
+                if w.has_loads() && tickets[ri].is_empty() {
+                    tickets[ri] = self.queue_round(Priority::HotKv, l, w);
+                }
                 // The next round fills the other half of the pool while this one attends.
                 if halves == 2
                     && ri + 1 < n_rounds
@@ -402,9 +418,6 @@ impl Engine {
                     tickets[ri + 1] = self.queue_round(Priority::HotKv, l, &work[ri + 1]);
                 }
                 if w.has_loads() {
-                    if tickets[ri].is_empty() {
-                        tickets[ri] = self.queue_round(Priority::HotKv, l, w);
-                    }
                     // Submit what is recorded before blocking on the pages.
                     let ready = std::mem::replace(
                         &mut enc,
@@ -465,7 +478,11 @@ impl Engine {
                 self.slot_use[si % self.n_slots.max(1)] = self.last_submission.clone();
                 let next = si + self.n_slots;
                 if next < n_s {
-                    self.queue_weights(next, false);
+                    if l + 1 < self.layers.len() && waits(l + 1, &lagged) {
+                        deferred = Some(next);
+                    } else {
+                        self.queue_weights(next, false);
+                    }
                 }
             }
             if l + 1 < self.layers.len() && next_kv.is_empty() {
@@ -477,6 +494,9 @@ impl Engine {
                     next_kv = self.queue_round(Priority::HotKv, l + 1, &exact_of(l + 1)[0]);
                 }
             }
+        }
+        if let Some(si) = deferred.take() {
+            self.queue_weights(si, false);
         }
         if !per_layer {
             self.submit(enc, "layers".into());
