@@ -122,6 +122,7 @@ fn stages(c: &Calibration, w: &TokenWork, flash: f64, kv_flash: f64, up: f64) ->
             upload_s: s.upload_bytes / up,
             pool: s.pool,
             pieces: s.pieces,
+            from_first_slot: s.from_first_slot,
         })
         .collect()
 }

@@ -8,7 +8,8 @@
 //! then; read in place (no ring) it waits instead until the layer that last used its slot
 //! computed. The device runs copies and compute in one queue: a streamed layer's copy runs when
 //! its bytes are read and the device reaches it, then the layer computes. The output head reads
-//! its chunks through two chunk slots in the same way. A staging ring that holds only a share
+//! its chunks in the same way, through two chunk slots of its own or through the layer slots
+//! (chunk c in slot c mod slots, whichever layer used it last). A staging ring that holds only a share
 //! of a layer lets that share be read ahead; the rest waits for slots to come back, which they
 //! do once the device has run the compute queued before their copies.
 
@@ -27,6 +28,9 @@ pub struct Stage {
     pub pool: usize,
     /// Pieces it is read and computed in (head chunks), each a share of it.
     pub pieces: usize,
+    /// Its pieces take the pool's slots from the first again (piece k in slot k mod slots)
+    /// instead of going on from the previous stage's.
+    pub from_first_slot: bool,
 }
 
 /// The simulated pass.
@@ -58,12 +62,17 @@ pub fn simulate_ring(
     let mut io_free = 0.0f64;
     // Per pool: when each streamed item's bytes arrived and when it finished computing.
     let mut arrived: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
-    let mut computed: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    // Per pool: the next slot, and when each slot's last item finished computing.
+    let mut next_slot = [0usize; 2];
+    let mut slot_done: [Vec<f64>; 2] = [vec![0.0; pool_slots[0]], vec![0.0; pool_slots[1]]];
     let mut last_copy = 0.0f64;
     let mut serial = 0.0;
     for st in stages {
         let n = st.pieces.max(1) as f64;
         serial += st.compute_s + st.read_s + st.upload_s;
+        if st.from_first_slot {
+            next_slot[st.pool.min(1)] = 0;
+        }
         for _ in 0..st.pieces.max(1) {
             let (c, r, u) = (st.compute_s / n, st.read_s / n, st.upload_s / n);
             if r > 0.0 || u > 0.0 {
@@ -71,8 +80,10 @@ pub fn simulate_ring(
                 let s = pool_slots[p];
                 let j = arrived[p].len();
                 let queued = if j >= s { arrived[p][j - s] } else { 0.0 };
-                let gate = if in_place && p == 0 {
-                    if j >= s { computed[p][j - s] } else { 0.0 }
+                let slot = next_slot[p] % s;
+                next_slot[p] += 1;
+                let gate = if in_place {
+                    slot_done[p][slot]
                 } else {
                     last_copy
                 };
@@ -88,7 +99,7 @@ pub fn simulate_ring(
                 gpu = gpu.max(done) + u;
                 last_copy = gpu;
                 gpu += c;
-                computed[p].push(gpu);
+                slot_done[p][slot] = gpu;
             } else {
                 gpu += c;
             }
@@ -111,6 +122,7 @@ mod tests {
             upload_s: u,
             pool: 0,
             pieces: 1,
+            from_first_slot: false,
         }
     }
 
@@ -154,6 +166,7 @@ mod tests {
             upload_s: 0.0,
             pool: 1,
             pieces: 2,
+            from_first_slot: false,
         };
         // layer: read [0,4], copy [4,5], compute [5,7]; chunk 0 read waits for the layer's
         // copy: [5,6], runs [7,8]; chunk 1 read waits for chunk 0's (empty) copy at 7: [7,8],
@@ -171,5 +184,31 @@ mod tests {
         // Read in place, the ring does not carry weights.
         let t = simulate_ring(&st, 2, true, Some(0.25));
         assert!((t.total_s - 13.0).abs() < 1e-12, "{t:?}");
+        // A head in two chunks through the layer slots, read in place, after three streamed
+        // layers (slots 0, 1, 0; read 4, compute 2): reads [0,4], [4,8], then layer 2 waits
+        // for layer 0 (slot 0) to compute [4,6]: [8,12]; layer 1 computes [8,10], layer 2
+        // [12,14]. Chunk 0 takes slot 0 again, last used by layer 2: read [14,16], computes
+        // [16,17]; chunk 1 takes slot 1 (free since 10) once the reader is: [16,18], [18,19].
+        let head_in_slots = Stage {
+            compute_s: 2.0,
+            read_s: 4.0,
+            upload_s: 0.0,
+            pool: 0,
+            pieces: 2,
+            from_first_slot: true,
+        };
+        let l = layer(2.0, 4.0, 0.0);
+        let st = [l.clone(), l.clone(), l.clone(), head_in_slots.clone()];
+        let t = simulate(&st, 2, true);
+        assert!((t.total_s - 19.0).abs() < 1e-12, "{t:?}");
+        // Going on with the rotation instead, chunk 0 would take slot 1 (free since 10) and
+        // be read right after layer 2's bytes: [12,14], computed [14,15]; chunk 1 in slot 0
+        // after layer 2 computed: [14,16], [16,17].
+        let rotating = Stage {
+            from_first_slot: false,
+            ..head_in_slots
+        };
+        let t = simulate(&[l.clone(), l.clone(), l, rotating], 2, true);
+        assert!((t.total_s - 17.0).abs() < 1e-12, "{t:?}");
     }
 }

@@ -134,9 +134,13 @@ pub struct StageWork {
     pub upload_bytes: f64,
     /// Bytes copied in host memory (see [`TokenWork::weight_copy_bytes`]).
     pub copy_bytes: f64,
-    /// 0: a layer (layer slots), 1: the output head (chunk slots).
+    /// 0: the layer slots (layers, and the output head's chunks when they go through them),
+    /// 1: the output head's own chunk slots.
     pub pool: usize,
     pub pieces: usize,
+    /// Its pieces take the pool's slots from the first again (the head's chunk c goes through
+    /// slot c mod slots), instead of going on from the previous stage's.
+    pub from_first_slot: bool,
 }
 
 /// Weight bytes that stream from flash each token under `plan` (streamed layers, and the head
@@ -364,6 +368,7 @@ pub fn token_work(plan: &ExecPlan, n_past: usize, io: &RunIo, reuse: f64) -> Tok
                 copy_bytes: bytes as f64 - flash_bytes + kv_copy * ahead,
                 pool: 0,
                 pieces: 1,
+                from_first_slot: false,
             }
         })
         .collect();
@@ -373,18 +378,21 @@ pub fn token_work(plan: &ExecPlan, n_past: usize, io: &RunIo, reuse: f64) -> Tok
         head.n_bytes
     };
     let head_flash = flash_part(head_bytes);
+    // Read in place, the chunks need no copy; through the layer slots they share the
+    // layers' slots (chunk c in slot c mod slots).
     stages.push(StageWork {
         matrices: vec![MatrixWork::of(head)],
         flash_bytes: head_flash,
         kv_flash_bytes: 0.0,
-        upload_bytes: head_bytes as f64,
+        upload_bytes: if io.in_place { 0.0 } else { head_bytes as f64 },
         copy_bytes: head_bytes as f64 - head_flash,
-        pool: 1,
+        pool: if plan.head.in_slots { 0 } else { 1 },
         pieces: if head_bytes > 0 {
             plan.head.n_chunks.max(1) as usize
         } else {
             1
         },
+        from_first_slot: plan.head.in_slots,
     });
     TokenWork {
         matrices,
