@@ -51,6 +51,7 @@ fn calibration(direct_gb_s: f64, mmap_gb_s: f64) -> Calibration {
         overlap_points: Vec::new(),
         compute_scale: 1.0,
         device: None,
+        probe: None,
     }
 }
 

@@ -440,6 +440,7 @@ pub fn run(model: &LoadedModel, gpu: &GpuOptions) -> BenchResult<Calibration> {
         overlap_points: Vec::new(),
         compute_scale: 1.0,
         device: None,
+        probe: None,
     };
     let prompt: Vec<u32> = (0..16)
         .map(|i| (i * 7 + 1) % model.cfg.vocab_size as u32)
@@ -489,6 +490,14 @@ pub fn run(model: &LoadedModel, gpu: &GpuOptions) -> BenchResult<Calibration> {
     // cache directory, written once): how much a pass hides changes with what a layer costs.
     let big = big_overlap_point(&cal, gpu, &prompt, &mut sm)?;
     cal.overlap_points = vec![small, big];
+    // The speed probe of this moment, for the benches to compare theirs with.
+    let path = std::fs::canonicalize(&model.path).unwrap_or_else(|_| model.path.clone());
+    let probe = super::probe::Prober::new(&path, gpu)?.take()?;
+    eprintln!(
+        "speed probe: resident {:.1} ms/token, direct reads {:.2} GB/s (64 KiB) / {:.2} GB/s (1 MiB)",
+        probe.resident_ms, probe.flash_small_gb_s, probe.flash_large_gb_s
+    );
+    cal.probe = Some(probe);
     Ok(cal)
 }
 

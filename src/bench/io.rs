@@ -246,3 +246,33 @@ fn is_direct_unsupported(e: &(dyn std::error::Error + 'static)) -> bool {
         Some(FlashError::DirectUnsupported { .. })
     )
 }
+
+/// GB/s of cold direct reads of `bytes` (at most the file's tensor data) from the start of
+/// `path`'s tensor data by one thread in pieces of `piece` bytes (the setting of the sweep's
+/// point at that piece size), median of `repeats`, as the speed probe takes it.
+pub(crate) fn direct_read_gb_s(
+    path: &std::path::Path,
+    piece: u64,
+    bytes: u64,
+    repeats: usize,
+) -> BenchResult<f64> {
+    let (data_offset, file_len) = {
+        let g =
+            crate::gguf::GgufFile::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        (g.data_offset, g.file_len)
+    };
+    let offset = data_offset.next_multiple_of(DIRECT_ALIGN as u64);
+    let len = bytes.min(file_len.saturating_sub(offset));
+    if len == 0 {
+        return Err(format!("{} has no tensor data to read", path.display()).into());
+    }
+    let len = usize::try_from(len).map_err(|_| "read size does not fit in memory")?;
+    let chunk = usize::try_from(piece.max(1)).map_err(|_| "piece size does not fit in memory")?;
+    let mut buf = HostBuf::new(len, offset as usize);
+    let opts = ReaderOptions {
+        mode: IoMode::Direct,
+        threads: 1,
+        chunk,
+    };
+    Ok(flash_point(path, opts, offset, buf.get(), repeats, &mut Log::default())?.gb_s)
+}

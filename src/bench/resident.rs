@@ -37,6 +37,10 @@ pub struct ResidentReport {
     pub ms_per_token: f64,
     pub predicted_ms_per_token: Option<f64>,
     pub predicted_ttft_ms: Option<f64>,
+    /// The same from the calibration carried to the speed probe taken before each run (None
+    /// when the calibration has no probe).
+    pub probed_ms_per_token: Option<f64>,
+    pub probed_ttft_ms: Option<f64>,
 }
 
 impl ResidentReport {
@@ -56,8 +60,8 @@ impl ResidentReport {
              | matvec / roofline | {:.2} |\n\
              | empty dispatch, µs each (2000 in one submission, median) | {:.1} |\n\
              | peak device bytes | {} |\n\
-             | decode ms/token: measured (median) / predicted | {:.2} / {} |\n\
-             | time to first token, ms: predicted | {} |",
+             | decode ms/token: measured (median) / predicted / probed prediction | {:.2} / {} / {} |\n\
+             | time to first token, ms: predicted / probed prediction | {} / {} |",
             self.adapter,
             self.backend,
             self.prompt_tokens,
@@ -77,8 +81,12 @@ impl ResidentReport {
             self.ms_per_token,
             self.predicted_ms_per_token
                 .map_or("not calibrated".into(), |p| format!("{p:.2}")),
+            self.probed_ms_per_token
+                .map_or("not probed".into(), |p| format!("{p:.2}")),
             self.predicted_ttft_ms
                 .map_or("not calibrated".into(), |p| format!("{p:.0}")),
+            self.probed_ttft_ms
+                .map_or("not probed".into(), |p| format!("{p:.0}")),
         )
     }
 }
@@ -97,9 +105,15 @@ pub fn resident(
     let (mut pre, mut dec, mut ttft) = (Vec::new(), Vec::new(), Vec::new());
     let (mut ms, mut pred) = (Vec::new(), Vec::new());
     let cal = crate::plan::perf::Calibration::load(&crate::plan::perf::Calibration::path()).ok();
+    let mut prober = super::probe::Prober::for_calibration(cal.as_ref(), &opts.gpu);
+    let mut probed_pred = Vec::new();
     let mut generated = 0;
     // One warm-up run, then the counted ones.
     for r in 0..=runs {
+        let probed = match (&cal, prober.as_mut()) {
+            (Some(c), Some(p)) if r > 0 => super::probe::probed(c, Some(p))?,
+            _ => None,
+        };
         engine.reset();
         let mut sampler = Sampler::new(SamplerParams {
             temperature: 0.0,
@@ -117,6 +131,11 @@ pub fn resident(
             ms.push(s.ms_per_token);
             if let Some(c) = &cal {
                 pred.push(engine.predict(c, 0, prompt.len(), s.selection_reuse));
+            }
+            if let Some((c, line)) = &probed {
+                let p = engine.predict(c, 0, prompt.len(), s.selection_reuse);
+                eprintln!("{line}; probed prediction {:.1} ms/token", p.0.ms_per_token);
+                probed_pred.push(p);
             }
             generated = s.generated_tokens;
         }
@@ -165,5 +184,15 @@ pub fn resident(
             .then(|| median(&mut pred.iter().map(|p| p.0.ms_per_token).collect::<Vec<_>>())),
         predicted_ttft_ms: (!pred.is_empty())
             .then(|| median(&mut pred.iter().map(|p| p.1).collect::<Vec<_>>())),
+        probed_ms_per_token: (!probed_pred.is_empty()).then(|| {
+            median(
+                &mut probed_pred
+                    .iter()
+                    .map(|p| p.0.ms_per_token)
+                    .collect::<Vec<_>>(),
+            )
+        }),
+        probed_ttft_ms: (!probed_pred.is_empty())
+            .then(|| median(&mut probed_pred.iter().map(|p| p.1).collect::<Vec<_>>())),
     })
 }

@@ -35,6 +35,10 @@ pub struct StreamRow {
     /// machine's calibration (`flashlm calibrate`); None when it is not calibrated.
     pub predicted_ms_per_token: Option<f64>,
     pub predicted_ttft_ms: Option<f64>,
+    /// The same from the calibration carried to the speed probe taken before each run (None
+    /// when the calibration has no probe).
+    pub probed_ms_per_token: Option<f64>,
+    pub probed_ttft_ms: Option<f64>,
 }
 
 /// The streaming benchmark (scenario S1 and a half-model budget, against all-resident).
@@ -77,15 +81,23 @@ impl StreamReport {
             );
         } else {
             model.push_str(
-                "\nPerformance model (`flashlm calibrate` constants): predicted against measured, same runs\n\n\
-                 | scenario | ms/token predicted | measured | error | TTFT predicted, ms | measured | error |\n\
-                 |---|---|---|---|---|---|---|\n",
+                "\nPerformance model (`flashlm calibrate` constants): predicted against measured, same runs; the probed prediction \
+                 carries the calibration to the speed probe taken before each run (its TTFT is the probed one where probed)\n\n\
+                 | scenario | ms/token predicted | measured | error | probed prediction | error | TTFT predicted, ms | measured | error |\n\
+                 |---|---|---|---|---|---|---|---|---|\n",
             );
             for r in predicted {
                 let p = r.predicted_ms_per_token.unwrap_or(0.0);
-                let t = r.predicted_ttft_ms.unwrap_or(0.0);
+                let t = r.probed_ttft_ms.or(r.predicted_ttft_ms).unwrap_or(0.0);
+                let probed = match r.probed_ms_per_token {
+                    Some(q) => format!(
+                        "{q:.1} | {:+.0}%",
+                        (q / r.ms_per_token.max(1e-9) - 1.0) * 100.0
+                    ),
+                    None => "not probed | -".to_string(),
+                };
                 model.push_str(&format!(
-                    "| {} | {:.1} | {:.1} | {:+.0}% | {:.0} | {:.0} | {:+.0}% |\n",
+                    "| {} | {:.1} | {:.1} | {:+.0}% | {probed} | {:.0} | {:.0} | {:+.0}% |\n",
                     r.scenario,
                     p,
                     r.ms_per_token,
@@ -123,7 +135,8 @@ impl StreamReport {
 }
 
 /// One streaming run: median ms/token, its figures, whether the cache was cold, the placement,
-/// the budget, the raw cold read beside it.
+/// the budget, the raw cold read beside it, the predictions (ms/token, TTFT) from the saved
+/// and from the probed calibration.
 type RunFigures = (
     f64,
     crate::engine::GenStats,
@@ -131,6 +144,7 @@ type RunFigures = (
     String,
     u64,
     f64,
+    Option<(f64, f64)>,
     Option<(f64, f64)>,
 );
 
@@ -151,7 +165,11 @@ fn stream_run(
     sc: &Scenario,
     prompt: &[u32],
     n_gen: usize,
-    cal: Option<&crate::plan::perf::Calibration>,
+    // The calibration as saved, and carried to the probe taken before this run.
+    (cal, probed): (
+        Option<&crate::plan::perf::Calibration>,
+        Option<&crate::plan::perf::Calibration>,
+    ),
     raw: f64,
 ) -> Result<(RunFigures, String, String), Box<dyn std::error::Error>> {
     use crate::flash::source::FlashSource;
@@ -186,15 +204,20 @@ fn stream_run(
     let (_, s) = engine.generate(prompt, n_gen, &mut sampler, |_| false, |_| true)?;
     let mut ms = s.token_ms.clone();
     let med = median(&mut ms);
-    let pred = cal.map(|c| {
+    let predict = |c: &crate::plan::perf::Calibration| {
         let (p, ttft) = engine.predict(c, 0, prompt.len(), s.selection_reuse);
         (p.ms_per_token, ttft)
-    });
+    };
+    let pred = cal.map(predict);
+    let probed = probed.map(predict);
     eprintln!(
-        "{}: {:.1} ms/token{}, {}",
+        "{}: {:.1} ms/token{}{}, {}",
         sc.name,
         med,
         pred.map(|p| format!(" (predicted {:.1})", p.0))
+            .unwrap_or_default(),
+        probed
+            .map(|p| format!(" (probed {:.1})", p.0))
             .unwrap_or_default(),
         engine.placement
     );
@@ -219,6 +242,7 @@ fn stream_run(
         engine.placement.budget,
         raw,
         pred,
+        probed,
     );
     Ok((
         figures,
@@ -250,6 +274,7 @@ pub fn stream(
     let mut backend = String::new();
     let mut resident_ms = None;
     let cal = crate::plan::perf::Calibration::load(&crate::plan::perf::Calibration::path()).ok();
+    let mut prober = super::probe::Prober::for_calibration(cal.as_ref(), &base.gpu);
     // Rounds run the scenarios in turn (round 1: A, B, C; round 2: A, B, C...), so that a slow
     // spell of a shared machine falls on every scenario instead of on one scenario's runs.
     let mut per_sc: Vec<Vec<RunFigures>> = scenarios.iter().map(|_| Vec::new()).collect();
@@ -260,7 +285,16 @@ pub fn stream(
             let (r, v) = raw_cold_read(&model.path)?;
             raws.push(r);
             verified &= v;
-            let (figures, a, b) = stream_run(model, base, sc, &prompt, n_gen, cal.as_ref(), r)?;
+            let probed = match (&cal, prober.as_mut()) {
+                (Some(c), Some(p)) => super::probe::probed(c, Some(p))?,
+                _ => None,
+            };
+            if let Some((_, line)) = &probed {
+                eprintln!("{line}");
+            }
+            let pc = probed.as_ref().map(|p| &p.0);
+            let (figures, a, b) =
+                stream_run(model, base, sc, &prompt, n_gen, (cal.as_ref(), pc), r)?;
             adapter = a;
             backend = b;
             per_run.push(figures);
@@ -299,6 +333,8 @@ pub fn stream(
             ttft_ms: m(&|r| r.1.ttft_ms),
             predicted_ms_per_token: per_run[0].6.map(|_| m(&|r| r.6.map_or(0.0, |p| p.0))),
             predicted_ttft_ms: per_run[0].6.map(|_| m(&|r| r.6.map_or(0.0, |p| p.1))),
+            probed_ms_per_token: per_run[0].7.map(|_| m(&|r| r.7.map_or(0.0, |p| p.0))),
+            probed_ttft_ms: per_run[0].7.map(|_| m(&|r| r.7.map_or(0.0, |p| p.1))),
         });
     }
     let raw = median(&mut raws);

@@ -321,6 +321,11 @@ pub struct RunArgs {
     /// Write the run's figures and token ids as JSON.
     #[arg(long)]
     pub stats_json: Option<PathBuf>,
+    /// Before the run, take the speed probe (a few resident decode steps of the calibrated
+    /// model and two short direct reads: a few seconds) and print the prediction from the
+    /// calibration carried to the machine's speed of that moment beside the saved one.
+    #[arg(long)]
+    pub probe: bool,
     /// Write a Chrome trace (Perfetto, chrome://tracing) of reads, uploads and compute.
     #[arg(long)]
     pub trace: Option<PathBuf>,

@@ -94,6 +94,27 @@ fn open_session(engine: &Engine, path: &Path) -> CliResult<Option<Session>> {
     Ok(Some(s))
 }
 
+/// The calibration carried to the speed probe of this moment; None (saying why) when the
+/// machine is not calibrated or its calibration has no probe.
+fn probed_calibration(
+    gpu: &crate::gpu::GpuOptions,
+) -> CliResult<Option<crate::plan::perf::Calibration>> {
+    let Some(cal) = super::calibration() else {
+        eprintln!("--probe: this machine is not calibrated (`flashlm calibrate`); no probe taken");
+        return Ok(None);
+    };
+    let Some(mut p) = crate::bench::probe::Prober::for_calibration(Some(&cal), gpu) else {
+        if cal.probe.is_none() {
+            eprintln!("--probe: the calibration predates the probe; run `flashlm calibrate` again");
+        }
+        return Ok(None);
+    };
+    let (c, line) = crate::bench::probe::probed(&cal, Some(&mut p))?
+        .ok_or("the speed probe returned nothing")?;
+    eprintln!("{line}");
+    Ok(Some(c))
+}
+
 pub fn run(cli: &Cli, a: &RunArgs) -> CliResult<()> {
     a.sample.check()?;
     precheck(&a.model)?;
@@ -112,6 +133,12 @@ pub fn run(cli: &Cli, a: &RunArgs) -> CliResult<()> {
         }
         opts.logit_rows = d.max + 1;
     }
+    // The probe runs before the engine is built, and its engine is gone before this one
+    // starts: it neither competes with the run nor counts in its memory.
+    let probed = match a.probe {
+        true => probed_calibration(&opts.gpu)?,
+        false => None,
+    };
     let mut engine = start_engine(cli, &a.model, &m, opts, prompt_ids.len() + a.n / 2)?;
     show_prefill_progress(&mut engine);
     let t0 = Instant::now();
@@ -198,6 +225,21 @@ pub fn run(cli: &Cli, a: &RunArgs) -> CliResult<()> {
             "ttft_ms": ttft,
         })
     });
+    let probed = probed.map(|cal| {
+        let (p, ttft) = engine.predict(&cal, reused, prompt_ids.len() - reused, stats.selection_reuse);
+        eprintln!(
+            "probed prediction: {:.1} ms/token (compute {:.1}, weight I/O {:.1}, KV I/O {:.1}), TTFT {:.0} ms",
+            p.ms_per_token, p.compute_ms, p.weight_io_ms, p.kv_io_ms, ttft
+        );
+        serde_json::json!({
+            "ms_per_token": p.ms_per_token,
+            "compute_ms": p.compute_ms,
+            "weight_io_ms": p.weight_io_ms,
+            "kv_io_ms": p.kv_io_ms,
+            "ttft_ms": ttft,
+            "probe": cal.probe,
+        })
+    });
     if reused > 0 {
         eprintln!("TTFT with the session: {ttft_ms:.0} ms (session load included)");
     }
@@ -228,6 +270,7 @@ pub fn run(cli: &Cli, a: &RunArgs) -> CliResult<()> {
             "profile": profile,
             "drafting": drafting,
             "predicted": predicted,
+            "probed": probed,
             "gpu_budget": engine.placement.budget,
             "placement": engine.placement.to_string(),
             "kv_page_tokens": engine.plan.kv.page_tokens,

@@ -62,6 +62,42 @@ pub struct Calibration {
     /// it was recorded): `flashlm plan` then plans as `run` would on it.
     #[serde(default)]
     pub device: Option<DeviceFacts>,
+    /// The machine's speed when these constants were measured, by the short probe a bench
+    /// takes again before each run ([`Calibration::rescaled`]). None in profiles from before.
+    #[serde(default)]
+    pub probe: Option<Probe>,
+}
+
+/// A short measure of the machine's speed: a few resident decode steps of the calibrated model
+/// and cold direct reads of its file at two piece sizes. Taken once with the calibration and
+/// again just before a run, the two say how much faster or slower the machine runs now (a
+/// shared VM's speed moves by a factor of two or more from one hour to the next).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Probe {
+    /// The calibrated model's file (the probe decodes it again).
+    pub model: String,
+    /// Resident decode of the calibrated model, ms/token.
+    pub resident_ms: f64,
+    /// Cold direct reads by one thread, GB/s, of pieces of [`PROBE_SMALL_PIECE`] and
+    /// [`PROBE_LARGE_PIECE`] bytes.
+    pub flash_small_gb_s: f64,
+    pub flash_large_gb_s: f64,
+}
+
+/// The probe's two read sizes: a KV run's order of size, and a streamed layer's.
+pub const PROBE_SMALL_PIECE: u64 = 64 << 10;
+pub const PROBE_LARGE_PIECE: u64 = 1 << 20;
+
+/// How far one probe may move a constant (a probe that failed, or a machine stalled for a
+/// moment, should not turn a prediction into nonsense).
+const PROBE_RATIO_BOUNDS: (f64, f64) = (0.2, 5.0);
+
+fn probe_ratio(now: f64, then: f64) -> f64 {
+    if now.is_finite() && then.is_finite() && now > 0.0 && then > 0.0 {
+        (now / then).clamp(PROBE_RATIO_BOUNDS.0, PROBE_RATIO_BOUNDS.1)
+    } else {
+        1.0
+    }
 }
 
 /// Facts of the calibrated device that the plan depends on.
@@ -119,6 +155,31 @@ fn one() -> f64 {
 }
 
 impl Calibration {
+    /// These constants carried to the machine's speed of `now`: the in-pass compute factor
+    /// times the resident decode's slowdown since the calibration's probe (the kernel rates
+    /// stay as measured; only the factor the pass puts on them moves), and every flash rate
+    /// times the read speed's change at the nearer of the probe's two piece sizes (in log2).
+    /// Unchanged when the calibration has no probe of its own.
+    pub fn rescaled(&self, now: &Probe) -> Calibration {
+        let mut c = self.clone();
+        let Some(then) = &self.probe else {
+            return c;
+        };
+        c.compute_scale = self.compute_scale * probe_ratio(now.resident_ms, then.resident_ms);
+        let small = probe_ratio(now.flash_small_gb_s, then.flash_small_gb_s);
+        let large = probe_ratio(now.flash_large_gb_s, then.flash_large_gb_s);
+        let mid = ((PROBE_SMALL_PIECE as f64).log2() + (PROBE_LARGE_PIECE as f64).log2()) / 2.0;
+        for f in &mut c.flash {
+            f.gb_s *= if (f.piece.max(1) as f64).log2() < mid {
+                small
+            } else {
+                large
+            };
+        }
+        c.probe = Some(now.clone());
+        c
+    }
+
     /// The in-pass compute factor, within sane bounds.
     pub fn compute_factor(&self) -> f64 {
         if self.compute_scale.is_finite() && self.compute_scale > 0.0 {
@@ -238,6 +299,12 @@ impl Calibration {
                 d.max_binding >> 20,
                 if d.auto_in_place { "in place" } else { "staging ring" },
                 if d.fuse_norms { "yes" } else { "no" }
+            ));
+        }
+        if let Some(p) = &self.probe {
+            s.push_str(&format!(
+                "| speed probe (benches compare theirs with it) | resident decode {:.1} ms/token; direct reads {:.2} GB/s (64 KiB pieces), {:.2} GB/s (1 MiB) |\n",
+                p.resident_ms, p.flash_small_gb_s, p.flash_large_gb_s
             ));
         }
         s
@@ -413,6 +480,7 @@ pub(crate) mod tests {
             overlap_points: Vec::new(),
             compute_scale: 1.0,
             device: None,
+            probe: None,
         }
     }
 
@@ -467,5 +535,46 @@ pub(crate) mod tests {
         // Seconds: 1 MB at 1 GB/s + 2 MB of Q8_0 at 2 GB/s.
         let s = c.products_s(&[mat("Q4_1", 1_000_000), mat("Q8_0", 2_000_000)], false);
         assert!((s - 2e-3).abs() < 1e-15, "{s}");
+    }
+
+    #[test]
+    fn a_probe_carries_compute_and_flash_to_the_machines_speed_now() {
+        let then = Probe {
+            model: "m.gguf".into(),
+            resident_ms: 100.0,
+            flash_small_gb_s: 0.5,
+            flash_large_gb_s: 1.0,
+        };
+        let now = Probe {
+            model: "m.gguf".into(),
+            resident_ms: 150.0,
+            flash_small_gb_s: 0.25,
+            flash_large_gb_s: 1.2,
+        };
+        // No probe of its own: nothing to compare with, unchanged.
+        let c = cal();
+        assert_eq!(c.rescaled(&now), c);
+        let mut c = cal();
+        c.compute_scale = 0.8;
+        c.probe = Some(then.clone());
+        let r = c.rescaled(&now);
+        // Resident decode 1.5x slower: the factor 0.8 becomes 1.2; kernel rates stay.
+        assert!((r.compute_scale - 1.2).abs() < 1e-12, "{}", r.compute_scale);
+        assert_eq!(r.matvec_gb_s, c.matvec_gb_s);
+        // 1 MiB pieces follow the large probe (x1.2), 64 KiB ones the small (x0.5).
+        assert!((r.flash_gb_s("direct", 1 << 20, 4) - 2.4).abs() < 1e-12);
+        assert!((r.flash_gb_s("direct", 64 << 10, 4) - 0.25).abs() < 1e-12);
+        assert_eq!(r.probe, Some(now.clone()));
+        // A probe that failed (0) moves nothing; a stalled one is bounded at 5x.
+        let failed = Probe {
+            resident_ms: 0.0,
+            ..now.clone()
+        };
+        assert!((c.rescaled(&failed).compute_scale - 0.8).abs() < 1e-12);
+        let stalled = Probe {
+            resident_ms: 1e6,
+            ..now.clone()
+        };
+        assert!((c.rescaled(&stalled).compute_scale - 4.0).abs() < 1e-12);
     }
 }

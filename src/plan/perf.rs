@@ -30,6 +30,7 @@ use serde::Serialize;
 
 pub use super::calibration::{
     Calibration, DeviceFacts, FlashRate, MAX_MEASURED_ROWS, MatmulPoint, OverlapPoint,
+    PROBE_LARGE_PIECE, PROBE_SMALL_PIECE, Probe,
 };
 use super::pipeline::{Stage, simulate_ring};
 pub use super::work::{

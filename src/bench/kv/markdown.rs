@@ -97,13 +97,21 @@ impl KvReport {
         }
         if self.rows.iter().any(|r| r.predicted_ms_per_token.is_some()) {
             s.push_str(
-                "\nPerformance model (`flashlm calibrate` constants): predicted against measured, same runs\n\n\
-                 | S2 mode | host cache | ms/token predicted | measured | error | TTFT predicted, ms | measured | error |\n\
-                 |---|---|---|---|---|---|---|---|\n",
+                "\nPerformance model (`flashlm calibrate` constants): predicted against measured, same runs; the probed prediction carries \
+                 the calibration to the speed probe taken before each run (its TTFT is the probed one where probed)\n\n\
+                 | S2 mode | host cache | ms/token predicted | measured | error | probed prediction | error | TTFT predicted, ms | measured | error |\n\
+                 |---|---|---|---|---|---|---|---|---|---|\n",
             );
             for r in &self.rows {
                 if let Some(p) = r.predicted_ms_per_token {
-                    let ttft = match r.predicted_ttft_ms {
+                    let probed = match r.probed_ms_per_token {
+                        Some(q) => format!(
+                            "{q:.1} | {:+.0}%",
+                            (q / r.ms_per_token.max(1e-9) - 1.0) * 100.0
+                        ),
+                        None => "not probed | -".to_string(),
+                    };
+                    let ttft = match r.probed_ttft_ms.or(r.predicted_ttft_ms) {
                         Some(t) if r.ttft_ms.is_finite() => format!(
                             "{:.0} | {:.0} | {:+.0}%",
                             t,
@@ -113,7 +121,7 @@ impl KvReport {
                         _ => "- | - | -".to_string(),
                     };
                     s.push_str(&format!(
-                        "| {} | {} | {:.1} | {:.1} | {:+.0}% | {} |\n",
+                        "| {} | {} | {:.1} | {:.1} | {:+.0}% | {probed} | {} |\n",
                         r.mode,
                         cache_label(r),
                         p,

@@ -49,6 +49,10 @@ pub struct ModeRow {
     /// The performance model's ms/token and TTFT (when this machine is calibrated).
     pub predicted_ms_per_token: Option<f64>,
     pub predicted_ttft_ms: Option<f64>,
+    /// The same from the calibration carried to the speed probe taken before each run (None
+    /// when the calibration has no probe).
+    pub probed_ms_per_token: Option<f64>,
+    pub probed_ttft_ms: Option<f64>,
 }
 
 /// One mode's perplexity at the prompt's context.
