@@ -41,6 +41,8 @@ pub struct ResidentReport {
     /// when the calibration has no probe).
     pub probed_ms_per_token: Option<f64>,
     pub probed_ttft_ms: Option<f64>,
+    /// The speed probes taken before the runs (empty when the calibration has none).
+    pub probes: Vec<crate::plan::perf::Probe>,
 }
 
 impl ResidentReport {
@@ -107,6 +109,7 @@ pub fn resident(
     let cal = crate::plan::perf::Calibration::load(&crate::plan::perf::Calibration::path()).ok();
     let mut prober = super::probe::Prober::for_calibration(cal.as_ref(), &opts.gpu);
     let mut probed_pred = Vec::new();
+    let mut probes = Vec::new();
     let mut generated = 0;
     // One warm-up run, then the counted ones.
     for r in 0..=runs {
@@ -135,6 +138,7 @@ pub fn resident(
             if let Some((c, line)) = &probed {
                 let p = engine.predict(c, 0, prompt.len(), s.selection_reuse);
                 eprintln!("{line}; probed prediction {:.1} ms/token", p.0.ms_per_token);
+                probes.extend(c.probe.clone());
                 probed_pred.push(p);
             }
             generated = s.generated_tokens;
@@ -194,5 +198,6 @@ pub fn resident(
         }),
         probed_ttft_ms: (!probed_pred.is_empty())
             .then(|| median(&mut probed_pred.iter().map(|p| p.1).collect::<Vec<_>>())),
+        probes,
     })
 }

@@ -51,6 +51,8 @@ pub struct StreamReport {
     /// Rounds run: each ran every scenario once, in turn.
     pub rounds: usize,
     pub rows: Vec<StreamRow>,
+    /// The speed probes taken before the runs (empty when the calibration has none).
+    pub probes: Vec<crate::plan::perf::Probe>,
 }
 
 impl StreamReport {
@@ -275,6 +277,7 @@ pub fn stream(
     let mut resident_ms = None;
     let cal = crate::plan::perf::Calibration::load(&crate::plan::perf::Calibration::path()).ok();
     let mut prober = super::probe::Prober::for_calibration(cal.as_ref(), &base.gpu);
+    let mut probes = Vec::new();
     // Rounds run the scenarios in turn (round 1: A, B, C; round 2: A, B, C...), so that a slow
     // spell of a shared machine falls on every scenario instead of on one scenario's runs.
     let mut per_sc: Vec<Vec<RunFigures>> = scenarios.iter().map(|_| Vec::new()).collect();
@@ -289,8 +292,9 @@ pub fn stream(
                 (Some(c), Some(p)) => super::probe::probed(c, Some(p))?,
                 _ => None,
             };
-            if let Some((_, line)) = &probed {
+            if let Some((c, line)) = &probed {
                 eprintln!("{line}");
+                probes.extend(c.probe.clone());
             }
             let pc = probed.as_ref().map(|p| &p.0);
             let (figures, a, b) =
@@ -350,5 +354,6 @@ pub fn stream(
         eviction_verified: verified,
         rounds: runs.max(1),
         rows,
+        probes,
     })
 }

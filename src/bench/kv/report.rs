@@ -178,6 +178,8 @@ pub struct KvReport {
     /// The page size [`recommend_page`] picks from `pages`.
     pub recommended_page_tokens: Option<u32>,
     pub goals: Vec<Goal>,
+    /// The speed probes taken before the S2 runs (empty when the calibration has none).
+    pub probes: Vec<crate::plan::perf::Probe>,
 }
 
 /// What [`assemble`] puts together.
@@ -329,6 +331,7 @@ pub fn assemble(p: Parts) -> KvReport {
         pages: p.pages,
         recommended_page_tokens: recommended,
         goals: Vec::new(),
+        probes: p.s2.probes,
     };
     r.goals = goals(&r);
     r

@@ -57,6 +57,8 @@ pub struct S2 {
     /// TTFT of the exact runs without a host cache (cold), median.
     pub ttft_cold_ms: f64,
     pub page_tokens: u32,
+    /// The speed probes taken before the runs (empty when the calibration has none).
+    pub probes: Vec<crate::plan::perf::Probe>,
 }
 
 /// One S2 row's runs as they come in.
@@ -92,6 +94,7 @@ pub fn s2(c: &mut Ctx<'_>, prompt: &[u32], runs: usize, session: &Path) -> Bench
     let mut prober = Prober::for_calibration(cal.as_ref(), &o.base.gpu);
     let mut opened: Option<Session> = None;
     let mut rows: Vec<RowRuns> = Vec::new();
+    let mut probes = Vec::new();
     for mode in MODES {
         let mut shares = vec![0.0];
         if o.cache_share > 0.0 {
@@ -168,6 +171,7 @@ pub fn s2(c: &mut Ctx<'_>, prompt: &[u32], runs: usize, session: &Path) -> Bench
                     row.probed_ttft.push(ttft);
                 }
                 probe_note = format!(", probed {:.1} ({line})", t.ms_per_token);
+                probes.extend(pc.probe.clone());
             }
             eprintln!(
                 "S2 {mode} (host cache {dram} B) run {} ({}): {:.1} ms/token{}{probe_note}, TTFT {:.0} ms, KV {:.0} B/token from flash (predicted {:.0}), hit {:.3} (predicted {:.3})",
@@ -208,6 +212,7 @@ pub fn s2(c: &mut Ctx<'_>, prompt: &[u32], runs: usize, session: &Path) -> Bench
         rows,
         ttft_cold_ms,
         page_tokens,
+        probes,
     })
 }
 
