@@ -20,40 +20,7 @@ use flashlm::plan::perf::{Calibration, FlashRate, RunIo, predict_token, token_wo
 use flashlm::plan::{ExecPlan, KvSelect, PlanOptions, ResidentSpec, SelectSpec};
 use flashlm::sampling::{Sampler, SamplerParams};
 
-fn rate(mode: &str, piece: u64, threads: usize, gb_s: f64) -> FlashRate {
-    FlashRate {
-        mode: mode.into(),
-        piece,
-        threads,
-        gb_s,
-    }
-}
-
-/// A machine where reads run at `direct_gb_s` and `mmap_gb_s` whatever their size, so the
-/// choice of I/O mode is not always the same.
-fn calibration(direct_gb_s: f64, mmap_gb_s: f64) -> Calibration {
-    Calibration {
-        adapter: "test".into(),
-        flash: vec![
-            rate("direct", 1 << 20, 4, direct_gb_s),
-            rate("mmap", 1 << 20, 4, mmap_gb_s),
-        ],
-        upload_gb_s: 4.0,
-        host_copy_gb_s: 0.0,
-        matvec_gb_s: [("Q8_0".to_string(), 1.0)].into(),
-        prefill_gb_s: [("Q8_0".to_string(), 4.0)].into(),
-        matmul_points: Vec::new(),
-        dispatch_s: 20e-6,
-        sync_s: 0.0,
-        attn_gb_s: 1.0,
-        prefill_attn_gb_s: 0.0,
-        overlap_beta: 0.3,
-        overlap_points: Vec::new(),
-        compute_scale: 1.0,
-        device: None,
-        probe: None,
-    }
-}
+use common::{calibration, rate};
 
 /// A machine where small reads are slow (larger ring slots read faster) and dispatches are
 /// dear (an output head streamed in many chunks costs more than one resident).

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use flashlm::gguf::GgmlType;
 use flashlm::model::synthetic::{SyntheticSpec, synthetic_llama};
-use flashlm::plan::perf::{Calibration, FlashRate, Probe};
+use flashlm::plan::perf::{Calibration, Probe};
 
 fn flashlm(home: &Path) -> std::process::Command {
     let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_flashlm"));
@@ -16,30 +16,13 @@ fn flashlm(home: &Path) -> std::process::Command {
     c
 }
 
+/// The shared test machine, with an in-pass factor that a probe's lowest ratio (0.2) leaves
+/// inside the factor's own bounds, and `probe` as the calibration's own.
 fn calibration(probe: Option<Probe>) -> Calibration {
     Calibration {
-        adapter: "test".into(),
-        flash: vec![FlashRate {
-            mode: "direct".into(),
-            piece: 1 << 20,
-            threads: 1,
-            gb_s: 1.0,
-        }],
-        upload_gb_s: 4.0,
-        host_copy_gb_s: 0.0,
-        matvec_gb_s: [("Q8_0".to_string(), 1.0)].into(),
-        prefill_gb_s: [("Q8_0".to_string(), 4.0)].into(),
-        matmul_points: Vec::new(),
-        dispatch_s: 20e-6,
-        sync_s: 0.0,
-        attn_gb_s: 1.0,
-        prefill_attn_gb_s: 0.0,
-        overlap_beta: 0.3,
-        overlap_points: Vec::new(),
-        // 2.0 x the lower bound of a probe's ratio (0.2) stays inside the factor's own bounds.
         compute_scale: 2.0,
-        device: None,
         probe,
+        ..common::calibration(1.0, 1.0)
     }
 }
 

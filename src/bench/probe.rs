@@ -110,15 +110,8 @@ impl Prober {
     }
 }
 
-/// The calibration carried to the speed of a probe taken now (None without a prober), and
-/// that probe's line for the log.
-pub fn probed(
-    cal: &Calibration,
-    prober: Option<&mut Prober>,
-) -> BenchResult<Option<(Calibration, String)>> {
-    let Some(p) = prober else {
-        return Ok(None);
-    };
+/// `cal` carried to the speed of a probe `p` takes now, and that probe's line for the log.
+pub fn probed(cal: &Calibration, p: &mut Prober) -> BenchResult<(Calibration, String)> {
     let now = p.take()?;
     let line = match &cal.probe {
         Some(then) => format!(
@@ -132,5 +125,5 @@ pub fn probed(
         ),
         None => String::new(),
     };
-    Ok(Some((cal.rescaled(&now), line)))
+    Ok((cal.rescaled(&now), line))
 }

@@ -114,7 +114,7 @@ pub fn resident(
     // One warm-up run, then the counted ones.
     for r in 0..=runs {
         let probed = match (&cal, prober.as_mut()) {
-            (Some(c), Some(p)) if r > 0 => super::probe::probed(c, Some(p))?,
+            (Some(c), Some(p)) if r > 0 => Some(super::probe::probed(c, p)?),
             _ => None,
         };
         engine.reset();

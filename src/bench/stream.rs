@@ -289,7 +289,7 @@ pub fn stream(
             raws.push(r);
             verified &= v;
             let probed = match (&cal, prober.as_mut()) {
-                (Some(c), Some(p)) => super::probe::probed(c, Some(p))?,
+                (Some(c), Some(p)) => Some(super::probe::probed(c, p)?),
                 _ => None,
             };
             if let Some((c, line)) = &probed {

@@ -94,6 +94,17 @@ fn open_session(engine: &Engine, path: &Path) -> CliResult<Option<Session>> {
     Ok(Some(s))
 }
 
+/// A prediction as `--stats-json` writes it.
+fn prediction_json(p: &crate::plan::perf::Prediction, ttft_ms: f64) -> serde_json::Value {
+    serde_json::json!({
+        "ms_per_token": p.ms_per_token,
+        "compute_ms": p.compute_ms,
+        "weight_io_ms": p.weight_io_ms,
+        "kv_io_ms": p.kv_io_ms,
+        "ttft_ms": ttft_ms,
+    })
+}
+
 /// The calibration carried to the speed probe of this moment; None (saying why) when the
 /// machine is not calibrated or its calibration has no probe.
 fn probed_calibration(
@@ -109,8 +120,7 @@ fn probed_calibration(
         }
         return Ok(None);
     };
-    let (c, line) = crate::bench::probe::probed(&cal, Some(&mut p))?
-        .ok_or("the speed probe returned nothing")?;
+    let (c, line) = crate::bench::probe::probed(&cal, &mut p)?;
     eprintln!("{line}");
     Ok(Some(c))
 }
@@ -217,13 +227,7 @@ pub fn run(cli: &Cli, a: &RunArgs) -> CliResult<()> {
             stats.ms_per_token,
             stats.ttft_ms
         );
-        serde_json::json!({
-            "ms_per_token": p.ms_per_token,
-            "compute_ms": p.compute_ms,
-            "weight_io_ms": p.weight_io_ms,
-            "kv_io_ms": p.kv_io_ms,
-            "ttft_ms": ttft,
-        })
+        prediction_json(&p, ttft)
     });
     let probed = probed.map(|cal| {
         let (p, ttft) = engine.predict(&cal, reused, prompt_ids.len() - reused, stats.selection_reuse);
@@ -231,14 +235,9 @@ pub fn run(cli: &Cli, a: &RunArgs) -> CliResult<()> {
             "probed prediction: {:.1} ms/token (compute {:.1}, weight I/O {:.1}, KV I/O {:.1}), TTFT {:.0} ms",
             p.ms_per_token, p.compute_ms, p.weight_io_ms, p.kv_io_ms, ttft
         );
-        serde_json::json!({
-            "ms_per_token": p.ms_per_token,
-            "compute_ms": p.compute_ms,
-            "weight_io_ms": p.weight_io_ms,
-            "kv_io_ms": p.kv_io_ms,
-            "ttft_ms": ttft,
-            "probe": cal.probe,
-        })
+        let mut j = prediction_json(&p, ttft);
+        j["probe"] = serde_json::json!(cal.probe);
+        j
     });
     if reused > 0 {
         eprintln!("TTFT with the session: {ttft_ms:.0} ms (session load included)");

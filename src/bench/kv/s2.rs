@@ -134,7 +134,7 @@ pub fn s2(c: &mut Ctx<'_>, prompt: &[u32], runs: usize, session: &Path) -> Bench
                 0
             };
             let probed = match (&cal, prober.as_mut()) {
-                (Some(cal), Some(p)) => probed(cal, Some(p))?,
+                (Some(cal), Some(p)) => Some(probed(cal, p)?),
                 _ => None,
             };
             let mut e = c.engine(&opts, dram)?;
