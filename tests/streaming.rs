@@ -424,6 +424,95 @@ fn in_place_and_staging_uploads_give_identical_tokens() {
     }
 }
 
+/// Direct reads straight into mapped slots, widened to whole pages of the file: in a model
+/// whose every matrix is large enough for a page of room in its slot region (so its data sits
+/// in the slot as in the file, and a read of whole pages lands in room no other matrix uses),
+/// the tokens and logits are those of the staging path, and no streamed weight byte goes
+/// through a bounce buffer (only the embedding rows, a page or two a token).
+#[test]
+fn direct_in_place_reads_of_whole_pages_give_identical_tokens() {
+    use flashlm::engine::UploadMode;
+    use flashlm::flash::source::FlashSource;
+    use flashlm::flash::{FlashFile, IoMode, ReaderOptions};
+    let Some(ctx) = common::gpu() else { return };
+    if !ctx.mappable {
+        eprintln!("skipping: the adapter has no mappable storage buffers");
+        return;
+    }
+    drop(ctx);
+    let spec = SyntheticSpec {
+        n_layers: 3,
+        n_embd: 512,
+        n_heads: 4,
+        n_kv_heads: 2,
+        n_ff: 1408,
+        vocab: 1000,
+        weight_type: GgmlType::Q4_1,
+        ctx: 64,
+        untied_output: true,
+    };
+    let bytes = synthetic_llama(&spec, 21);
+    // Not in the temporary directory: it may be a tmpfs, which refuses direct I/O.
+    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "flashlm-direct-inplace-{}.gguf",
+        std::process::id()
+    ));
+    std::fs::write(&path, &bytes).unwrap();
+    let gguf = Arc::new(GgufFile::from_bytes(bytes).unwrap());
+    let prompt = [5, 9, 44, 17, 3, 99, 120];
+    let steps = 6;
+    let mut got = Vec::new();
+    let mut bounced = Vec::new();
+    for (mode, threads) in [
+        (UploadMode::Staging, 1),
+        (UploadMode::InPlace, 1),
+        (UploadMode::InPlace, 3),
+    ] {
+        let file = match FlashFile::open(
+            &path,
+            ReaderOptions {
+                mode: IoMode::Direct,
+                threads,
+                chunk: 64 * 1024,
+            },
+        ) {
+            Ok(f) => f,
+            Err(e) => {
+                let _ = std::fs::remove_file(&path);
+                assert!(
+                    std::env::var_os("CI").is_none(),
+                    "direct I/O refused under CI: {e}"
+                );
+                eprintln!("skipping: direct I/O refused here: {e}");
+                return;
+            }
+        };
+        let source = Arc::new(FlashSource::new(file, 0));
+        let mut o = opts(None, 32);
+        o.upload = mode;
+        // The output head in chunks through the layer slots, as under a tight budget.
+        o.head_chunk = None;
+        o.resident = ResidentSpec::parse("none", spec.n_layers).unwrap();
+        let mut e = Engine::with_source(gguf.clone(), source.clone(), &o).unwrap();
+        assert!(e.placement.streaming);
+        assert_eq!(e.in_place, mode == UploadMode::InPlace);
+        source.file().reset_counters();
+        got.push(run(&mut e, &prompt, steps));
+        bounced.push(source.file().bounced_bytes());
+    }
+    let _ = std::fs::remove_file(&path);
+    for (i, g) in got.iter().enumerate().skip(1) {
+        assert_eq!(got[0].0, g.0, "case {i}");
+        assert!(got[0].1 == g.1, "case {i}: first-step logits differ");
+    }
+    let tokens = (prompt.len() + steps) as u64;
+    let rows = 2 * 4096 * tokens;
+    assert!(bounced[0] > rows, "staging: {} bytes bounced", bounced[0]);
+    for (i, &b) in bounced.iter().enumerate().skip(1) {
+        assert!(b <= rows, "case {i}: {b} bytes bounced in place");
+    }
+}
+
 #[test]
 fn automatic_ring_shrinks_to_fit_a_tight_budget() {
     if common::gpu().is_none() {

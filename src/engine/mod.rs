@@ -21,6 +21,7 @@ mod batch;
 mod build;
 pub mod draft;
 mod head;
+mod inplace;
 mod kvio;
 mod layers;
 mod measure;

@@ -35,7 +35,7 @@ pub use residency::{
     EVICTION_THRESHOLD, Residency, evict_page_cache, page_cache_residency, peak_rss_bytes,
 };
 pub use size::{format_size, parse_size};
-pub use source::{ChunkSource, SourceError, WeightSource};
+pub use source::{ChunkSource, DirectReads, SourceError, WeightSource};
 pub(crate) use sys::AlignedBuf;
 pub use sys::DIRECT_ALIGN;
 // For `direct`, which reaches them as `super::…`.

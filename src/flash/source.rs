@@ -91,6 +91,19 @@ pub trait WeightSource: ChunkSource {
     fn reader_options(&self) -> Option<super::ReaderOptions> {
         None
     }
+    /// Where reads go straight from the device with no copy (direct I/O): the alignment of
+    /// file offset, length and address that allows it, and the file's length (an aligned read
+    /// may not pass it). None: every read is as good as any other.
+    fn direct_reads(&self) -> Option<DirectReads> {
+        None
+    }
+}
+
+/// See [`WeightSource::direct_reads`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DirectReads {
+    pub align: u64,
+    pub file_len: u64,
 }
 
 /// Cache key space of weight ranges (KV pages use others).
@@ -172,5 +185,11 @@ impl WeightSource for FlashSource {
     }
     fn reader_options(&self) -> Option<super::ReaderOptions> {
         Some(self.file.options())
+    }
+    fn direct_reads(&self) -> Option<DirectReads> {
+        (self.file.mode() == super::IoMode::Direct).then(|| DirectReads {
+            align: super::DIRECT_ALIGN as u64,
+            file_len: self.file.len(),
+        })
     }
 }

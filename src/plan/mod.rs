@@ -432,12 +432,12 @@ impl ExecPlan {
             o.ring_slots
         };
         // One buffer a slot where the parts fit one binding; with reads straight into mapped
-        // slots, a page of room a part so that direct reads land in place.
+        // slots, room around each part so that direct reads of whole pages land in place.
         let slot = slots::SlotLayout::new(
             &slots::slot_parts(&layers),
             max_binding,
             o.bind_align,
-            if o.in_place { slots::PAGE } else { 0 },
+            if o.in_place { slots::SLACK } else { 0 },
         );
         let slot_bytes = slot.bytes();
         let slot_chunks = if o.head_chunk.is_none() {

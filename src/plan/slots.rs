@@ -4,10 +4,11 @@
 //! A slot is one buffer (more only when its parts exceed one binding) holding every matrix part
 //! of whichever streamed layer is in it, each part in a region of its own. Where streamed
 //! weights are read straight into mapped slots (`in_place`), each region of a part of at least
-//! [`SLACK_MIN_PART`] bytes keeps a page of room so that the data can start at the same place
-//! within a page as its bytes in the file: a direct read then lands in the slot itself, with no
-//! bounce buffer and no copy. Smaller parts are read through a bounce buffer (a page of room
-//! would cost more than their copy).
+//! [`SLACK_MIN_PART`] bytes keeps [`SLACK`] of room so that the data can start at the same place
+//! within a page as its bytes in the file, with whole pages of room around it: a direct read of
+//! the whole pages of the file the part lies in then lands in the slot itself, in one aligned
+//! read, with no bounce buffer and no copy. Smaller parts are read through a bounce buffer (the
+//! room would cost more than their copy).
 
 use super::{LayerWeights, round16};
 
@@ -36,7 +37,12 @@ pub const PAGE: u64 = 4096;
 /// overlaps its compute.
 pub const MIN_HEAD_CHUNKS: u64 = 4;
 
-/// The least bytes a part needs for a page of room in its region.
+/// Room in the region of a part read straight into a mapped slot: a page to place its data as
+/// in the file, and a page more so that the whole pages of the file it lies in fit the region
+/// whatever the buffer's mapped address.
+pub const SLACK: u64 = 2 * PAGE;
+
+/// The least bytes a part needs for room in its region.
 pub const SLACK_MIN_PART: u64 = 16 * PAGE;
 
 /// Bytes per output-head chunk when the head streams through chunk slots of its own, unless the
@@ -119,8 +125,9 @@ impl SlotLayout {
 
     /// Where in its buffer the `len` bytes read from `file_offset` go, for a region `r` of a
     /// buffer whose mapped address is `base` modulo [`PAGE`] (None: unknown): at the same place
-    /// within a page as in the file when the binding alignment and the region's room allow it,
-    /// else at the region's start.
+    /// within a page as in the file when the binding alignment and the region's room allow it
+    /// (a page further in where the page the data starts in would otherwise begin before the
+    /// region, when the room allows that too), else at the region's start.
     pub fn place(&self, r: Region, len: u64, file_offset: u64, base: Option<u64>) -> u64 {
         let Some(base) = base else {
             return r.start;
@@ -128,7 +135,11 @@ impl SlotLayout {
         if self.slack < PAGE {
             return r.start;
         }
-        let s = (file_offset % PAGE + 2 * PAGE - base % PAGE - r.start % PAGE) % PAGE;
+        let lead = file_offset % PAGE;
+        let mut s = (lead + 2 * PAGE - base % PAGE - r.start % PAGE) % PAGE;
+        if s < lead && self.slack >= 2 * PAGE {
+            s += PAGE;
+        }
         if s.is_multiple_of(self.align) && s + round16(len) <= r.size {
             r.start + s
         } else {
@@ -294,6 +305,25 @@ mod tests {
         // No slack: always the start.
         let tight = SlotLayout::new(&[vec![100_000]], 1 << 20, 16, 0);
         assert_eq!(tight.place(tight.regions[0][0], 100_000, 1056, Some(0)), 0);
+    }
+
+    #[test]
+    fn two_pages_of_room_keep_the_whole_pages_of_a_part_in_its_region() {
+        let l = SlotLayout::new(&[vec![100_000], vec![70_000]], 1 << 20, 16, SLACK);
+        let r = l.regions[1][0];
+        // 70,000 bytes (18 pages) and two pages of room.
+        assert_eq!(r.size, 20 * PAGE);
+        let file = 3 * PAGE + 1056;
+        // Mapped 64 past a page: 992 into the region would put the data's first page 64 bytes
+        // before the region; a page further in, the whole pages fit.
+        let at = l.place(r, 70_000, file, Some(64));
+        assert_eq!(at, r.start + PAGE + 992);
+        assert_eq!((64 + at) % PAGE, file % PAGE);
+        let first_page = at - file % PAGE;
+        let last_page = first_page + (file % PAGE + 70_000).next_multiple_of(PAGE);
+        assert!(first_page >= r.start && last_page <= r.start + r.size);
+        // Mapped at a page: the data's first page is the region's.
+        assert_eq!(l.place(r, 70_000, file, Some(0)), r.start + 1056);
     }
 
     #[test]
