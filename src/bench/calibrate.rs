@@ -43,7 +43,7 @@ const ENGINE_RUNS: usize = 5;
 /// 12 tokens after `prompt`, each from an empty context, the engines taking turns (so a slow
 /// spell of a shared machine falls on both rather than on one), after one warm-up run each
 /// that is not counted (its first steps build the pipelines, which made a single short run
-/// read up to a third slow).
+/// read up to a third slow). The time to first token returned is the median of the runs' own.
 fn interleaved_medians(
     engines: &mut [&mut Engine],
     prompt: &[u32],
@@ -62,8 +62,12 @@ fn interleaved_medians(
     Ok(runs
         .into_iter()
         .map(|mut v| {
+            let mut ttft: Vec<f64> = v.iter().map(|s| s.ttft_ms).collect();
+            ttft.sort_by(f64::total_cmp);
             v.sort_by(|a, b| a.ms_per_token.total_cmp(&b.ms_per_token));
-            v.swap_remove(ENGINE_RUNS / 2)
+            let mut st = v.swap_remove(ENGINE_RUNS / 2);
+            st.ttft_ms = ttft[ENGINE_RUNS / 2];
+            st
         })
         .collect())
 }
@@ -192,10 +196,13 @@ pub fn run(model: &LoadedModel, gpu: &GpuOptions) -> BenchResult<Calibration> {
         overlap_beta: 0.0,
         overlap_points: Vec::new(),
         compute_scale: 1.0,
+        prefill_scale: 1.0,
         device: None,
         probe: None,
     };
-    let prompt: Vec<u32> = (0..16)
+    // As long as the prompts the prefill rates are timed on (one batch of 64 tokens), so that
+    // the prefill's in-pass factor is fitted where those rates hold.
+    let prompt: Vec<u32> = (0..64)
         .map(|i| (i * 7 + 1) % model.cfg.vocab_size as u32)
         .collect();
     let mut sm = Sampler::new(SamplerParams {
@@ -220,6 +227,14 @@ pub fn run(model: &LoadedModel, gpu: &GpuOptions) -> BenchResult<Calibration> {
         st_r.ms_per_token,
         cal.compute_factor()
     );
+    let (pscale, prefill_ms) = fitted_prefill_scale(&cal, &resident, prompt.len(), st_r.ttft_ms);
+    cal.prefill_scale = pscale;
+    eprintln!(
+        "prefill: resident time to first token {:.1} ms ({} tokens), kernels at their rates {prefill_ms:.1} ms: x{:.2}",
+        st_r.ttft_ms,
+        prompt.len(),
+        cal.prefill_factor()
+    );
     drop(resident);
     cal.adapter = streamed.ctx.info.name.clone();
     cal.device = Some(Engine::device_facts(&streamed.ctx)?);
@@ -241,7 +256,9 @@ pub fn run(model: &LoadedModel, gpu: &GpuOptions) -> BenchResult<Calibration> {
     drop(streamed);
     // The overlap again on layers of a 7B model's order of size (a synthetic model in the
     // cache directory, written once): how much a pass hides changes with what a layer costs.
-    let big = big_overlap_point(&cal, gpu, &prompt, &mut sm)?;
+    // (On its first 16 tokens: β comes from decode steps, and a long prefill of this model
+    // would add half a minute.)
+    let big = big_overlap_point(&cal, gpu, &prompt[..16], &mut sm)?;
     cal.overlap_points = vec![small, big];
     // The speed probe of this moment, for the benches to compare theirs with.
     let path = std::fs::canonicalize(&model.path).unwrap_or_else(|_| model.path.clone());
@@ -300,6 +317,25 @@ fn fitted_scale(cal: &Calibration, w: &TokenWork, measured_ms: f64) -> (f64, f64
     let mut at_rates = cal.clone();
     at_rates.compute_scale = 1.0;
     let kernels_ms = crate::plan::perf::predict_token(&at_rates, w).compute_ms;
+    if kernels_ms > 0.0 && measured_ms > 0.0 {
+        (measured_ms / kernels_ms, kernels_ms)
+    } else {
+        (1.0, kernels_ms)
+    }
+}
+
+/// The prefill's in-pass scale: a resident engine's measured time to first token for a prompt
+/// of `prompt` tokens over what `cal`'s prefill rates add up to for it (1 when either is
+/// missing), and that sum in ms.
+fn fitted_prefill_scale(
+    cal: &Calibration,
+    resident: &Engine,
+    prompt: usize,
+    measured_ms: f64,
+) -> (f64, f64) {
+    let mut at_rates = cal.clone();
+    at_rates.prefill_scale = 1.0;
+    let kernels_ms = resident.predict(&at_rates, 0, prompt, 0.0).1;
     if kernels_ms > 0.0 && measured_ms > 0.0 {
         (measured_ms / kernels_ms, kernels_ms)
     } else {

@@ -58,6 +58,12 @@ pub struct Calibration {
     /// from before it was measured.
     #[serde(default = "one")]
     pub compute_scale: f64,
+    /// The same for a prefill: a resident run's time to first token over what the prefill
+    /// rates above add up to for it (on lavapipe a pass's prefill ran faster than its matrices
+    /// timed one at a time: every time to first token of the default model was predicted
+    /// 18-33% over without it). 1 in profiles from before it was measured.
+    #[serde(default = "one")]
+    pub prefill_scale: f64,
     /// What the calibrated device does that changes the plan (None in profiles from before
     /// it was recorded): `flashlm plan` then plans as `run` would on it.
     #[serde(default)]
@@ -165,7 +171,9 @@ impl Calibration {
         let Some(then) = &self.probe else {
             return c;
         };
-        c.compute_scale = self.compute_scale * probe_ratio(now.resident_ms, then.resident_ms);
+        let slowdown = probe_ratio(now.resident_ms, then.resident_ms);
+        c.compute_scale = self.compute_scale * slowdown;
+        c.prefill_scale = self.prefill_scale * slowdown;
         let small = probe_ratio(now.flash_small_gb_s, then.flash_small_gb_s);
         let large = probe_ratio(now.flash_large_gb_s, then.flash_large_gb_s);
         let mid = ((PROBE_SMALL_PIECE as f64).log2() + (PROBE_LARGE_PIECE as f64).log2()) / 2.0;
@@ -184,6 +192,15 @@ impl Calibration {
     pub fn compute_factor(&self) -> f64 {
         if self.compute_scale.is_finite() && self.compute_scale > 0.0 {
             self.compute_scale.clamp(0.25, 4.0)
+        } else {
+            1.0
+        }
+    }
+
+    /// [`Calibration::prefill_scale`], bounded as [`Calibration::compute_factor`] is.
+    pub fn prefill_factor(&self) -> f64 {
+        if self.prefill_scale.is_finite() && self.prefill_scale > 0.0 {
+            self.prefill_scale.clamp(0.25, 4.0)
         } else {
             1.0
         }
@@ -271,7 +288,7 @@ impl Calibration {
             }
         }
         s.push_str(&format!(
-            "| host memory copy | {} |\n| dispatch | {:.1} µs each |\n| host round trip (submit, map, wait) | {:.1} µs |\n| attention, decode | {:.3} GB/s of KV |\n| attention, prefill | {:.3} GB/s of KV over the rows |\n| unhidden share of the overlap (β) | {} |\n| decode pass in place of its kernels (resident run ÷ the rates above) | {:.2}× |\n",
+            "| host memory copy | {} |\n| dispatch | {:.1} µs each |\n| host round trip (submit, map, wait) | {:.1} µs |\n| attention, decode | {:.3} GB/s of KV |\n| attention, prefill | {:.3} GB/s of KV over the rows |\n| unhidden share of the overlap (β) | {} |\n| decode pass in place of its kernels (resident run ÷ the rates above) | {:.2}× |\n| prefill in place of its kernels (resident time to first token ÷ the rates above) | {:.2}× |\n",
             if self.host_copy_gb_s > 0.0 {
                 format!("{:.2} GB/s", self.host_copy_gb_s)
             } else {
@@ -291,7 +308,8 @@ impl Calibration {
                     .collect::<Vec<_>>()
                     .join(", ")
             },
-            self.compute_factor()
+            self.compute_factor(),
+            self.prefill_factor()
         ));
         if let Some(d) = self.device {
             s.push_str(&format!(
@@ -479,6 +497,7 @@ pub(crate) mod tests {
             overlap_beta: 0.25,
             overlap_points: Vec::new(),
             compute_scale: 1.0,
+            prefill_scale: 1.0,
             device: None,
             probe: None,
         }
@@ -556,10 +575,13 @@ pub(crate) mod tests {
         assert_eq!(c.rescaled(&now), c);
         let mut c = cal();
         c.compute_scale = 0.8;
+        c.prefill_scale = 0.6;
         c.probe = Some(then.clone());
         let r = c.rescaled(&now);
-        // Resident decode 1.5x slower: the factor 0.8 becomes 1.2; kernel rates stay.
+        // Resident decode 1.5x slower: the factor 0.8 becomes 1.2 (the prefill's 0.6, 0.9);
+        // kernel rates stay.
         assert!((r.compute_scale - 1.2).abs() < 1e-12, "{}", r.compute_scale);
+        assert!((r.prefill_scale - 0.9).abs() < 1e-12, "{}", r.prefill_scale);
         assert_eq!(r.matvec_gb_s, c.matvec_gb_s);
         // 1 MiB pieces follow the large probe (x1.2), 64 KiB ones the small (x0.5).
         assert!((r.flash_gb_s("direct", 1 << 20, 4) - 2.4).abs() < 1e-12);

@@ -23,8 +23,8 @@
 //!   ring smaller than a layer holds reads back until the device frees its slots.
 //!
 //! Prefill of a prompt of n tokens in batches of b: each batch pays its compute (prefill kernel
-//! rates, per token) and, when weights stream, a full pass of weight I/O; TTFT adds one decode
-//! step's head.
+//! rates, per token, times the prefill's in-pass factor measured like the decode's) and, when
+//! weights stream, a full pass of weight I/O; TTFT adds one decode step's head.
 
 use serde::Serialize;
 
@@ -165,10 +165,11 @@ pub fn predict_prefill(c: &Calibration, w: &TokenWork, past: usize, n: usize, ba
         // Rows before+1 ..= before+t each attend to every token up to themselves.
         let keys = t as f64 * before + (t * (t + 1) / 2) as f64;
         before += t as f64;
-        let compute = per_token_compute * t as f64
+        let compute = (per_token_compute * t as f64
             + keys * attn
             + w.dispatches as f64 * c.dispatch_s
-            + if last { head_compute } else { 0.0 };
+            + if last { head_compute } else { 0.0 })
+            * c.prefill_factor();
         let io = io_pass + if last { head_io } else { 0.0 };
         total += compute.max(io) + beta * compute.min(io);
     }
@@ -305,6 +306,22 @@ mod tests {
         // of dispatches vs 48 ms of I/O: 650 + 12 = 662; batch 2: 360 + 10 = 370 + 12 = 382.
         let ms = predict_prefill(&cal(), &w, 0, 100, 64);
         assert!((ms - 1044.0).abs() < 1e-6, "{ms}");
+        // A prefill running twice as fast in place as its kernels alone: compute 325 ms and
+        // 185 ms, the I/O unchanged: 325 + 0.25 × 48 + 185 + 0.25 × 48 = 534.
+        let quick = Calibration {
+            prefill_scale: 0.5,
+            compute_scale: 3.0,
+            ..cal()
+        };
+        let ms = predict_prefill(&quick, &w, 0, 100, 64);
+        assert!((ms - 534.0).abs() < 1e-6, "{ms}");
+        for (k, f) in [(100.0, 4.0), (0.1, 0.25), (f64::NAN, 1.0), (-2.0, 1.0)] {
+            let c = Calibration {
+                prefill_scale: k,
+                ..cal()
+            };
+            assert_eq!(c.prefill_factor(), f);
+        }
         // The same work with the 20 MB of Q8_0 as the output head, streamed: the layers'
         // 60 MB at 8 GB/s = 7.5 ms per token; their I/O 60 MB / 2 GB/s + 60 MB / 10 GB/s =
         // 36 ms a batch; the head once, in the last batch: 20 MB / 2 GB/s (decode rate) =

@@ -149,6 +149,7 @@ pub fn calibration(direct_gb_s: f64, mmap_gb_s: f64) -> flashlm::plan::perf::Cal
         overlap_beta: 0.3,
         overlap_points: Vec::new(),
         compute_scale: 1.0,
+        prefill_scale: 1.0,
         device: None,
         probe: None,
     }
