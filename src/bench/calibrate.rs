@@ -25,7 +25,7 @@ use crate::kernels;
 use crate::model::LoadedModel;
 use crate::model::synthetic::SyntheticSpec;
 use crate::plan::perf::{
-    Calibration, FlashRate, MAX_MEASURED_ROWS, OverlapPoint, Prediction, TokenWork,
+    Calibration, FlashRate, MAX_MEASURED_ROWS, OverlapPoint, Prediction, PrefillPoint, TokenWork,
 };
 use crate::sampling::{Sampler, SamplerParams};
 
@@ -197,6 +197,7 @@ pub fn run(model: &LoadedModel, gpu: &GpuOptions) -> BenchResult<Calibration> {
         overlap_points: Vec::new(),
         compute_scale: 1.0,
         prefill_scale: 1.0,
+        prefill_points: Vec::new(),
         device: None,
         probe: None,
     };
@@ -227,14 +228,8 @@ pub fn run(model: &LoadedModel, gpu: &GpuOptions) -> BenchResult<Calibration> {
         st_r.ms_per_token,
         cal.compute_factor()
     );
-    let (pscale, prefill_ms) = fitted_prefill_scale(&cal, &resident, prompt.len(), st_r.ttft_ms);
-    cal.prefill_scale = pscale;
-    eprintln!(
-        "prefill: resident time to first token {:.1} ms ({} tokens), kernels at their rates {prefill_ms:.1} ms: x{:.2}",
-        st_r.ttft_ms,
-        prompt.len(),
-        cal.prefill_factor()
-    );
+    let small_prefill = fitted_prefill_point(&cal, &resident, prompt.len(), st_r.ttft_ms);
+    cal.prefill_scale = small_prefill.scale;
     drop(resident);
     cal.adapter = streamed.ctx.info.name.clone();
     cal.device = Some(Engine::device_facts(&streamed.ctx)?);
@@ -256,10 +251,9 @@ pub fn run(model: &LoadedModel, gpu: &GpuOptions) -> BenchResult<Calibration> {
     drop(streamed);
     // The overlap again on layers of a 7B model's order of size (a synthetic model in the
     // cache directory, written once): how much a pass hides changes with what a layer costs.
-    // (On its first 16 tokens: β comes from decode steps, and a long prefill of this model
-    // would add half a minute.)
-    let big = big_overlap_point(&cal, gpu, &prompt[..16], &mut sm)?;
+    let (big, big_prefill) = big_overlap_point(&cal, gpu, &prompt, &mut sm)?;
     cal.overlap_points = vec![small, big];
+    cal.prefill_points = vec![small_prefill, big_prefill];
     // The speed probe of this moment, for the benches to compare theirs with.
     let path = std::fs::canonicalize(&model.path).unwrap_or_else(|_| model.path.clone());
     let probe = super::probe::Prober::new(&path, gpu)?.take()?;
@@ -324,23 +318,35 @@ fn fitted_scale(cal: &Calibration, w: &TokenWork, measured_ms: f64) -> (f64, f64
     }
 }
 
-/// The prefill's in-pass scale: a resident engine's measured time to first token for a prompt
-/// of `prompt` tokens over what `cal`'s prefill rates add up to for it (1 when either is
-/// missing), and that sum in ms.
-fn fitted_prefill_scale(
+/// The prefill's in-pass factor on a resident engine's model: its measured time to first token
+/// for a prompt of `prompt` tokens over what `cal`'s prefill rates add up to for it (1 when
+/// either is missing), at the weight bytes of the model's decode step.
+fn fitted_prefill_point(
     cal: &Calibration,
     resident: &Engine,
     prompt: usize,
     measured_ms: f64,
-) -> (f64, f64) {
+) -> PrefillPoint {
     let mut at_rates = cal.clone();
     at_rates.prefill_scale = 1.0;
+    at_rates.prefill_points.clear();
     let kernels_ms = resident.predict(&at_rates, 0, prompt, 0.0).1;
-    if kernels_ms > 0.0 && measured_ms > 0.0 {
-        (measured_ms / kernels_ms, kernels_ms)
+    let scale = if kernels_ms > 0.0 && measured_ms > 0.0 {
+        measured_ms / kernels_ms
     } else {
-        (1.0, kernels_ms)
-    }
+        1.0
+    };
+    let pass_bytes = resident
+        .token_work(0.0)
+        .matrices
+        .iter()
+        .map(|m| m.bytes)
+        .sum();
+    eprintln!(
+        "prefill, {:.0} MB decode step: resident time to first token {measured_ms:.1} ms ({prompt} tokens), kernels at their rates {kernels_ms:.1} ms: x{scale:.2}",
+        pass_bytes as f64 / 1e6
+    );
+    PrefillPoint { pass_bytes, scale }
 }
 
 /// β: the share of the time the pipeline simulation hides (perfect overlap) that a measured
@@ -375,7 +381,7 @@ fn big_overlap_point(
     gpu: &GpuOptions,
     prompt: &[u32],
     sm: &mut Sampler,
-) -> BenchResult<OverlapPoint> {
+) -> BenchResult<(OverlapPoint, PrefillPoint)> {
     let spec = overlap_spec();
     let path = crate::paths::cache_dir().join("calibration-overlap.gguf");
     super::s3::ensure_model(&path, &spec)?;
@@ -393,6 +399,7 @@ fn big_overlap_point(
     let (st_r, st) = (medians.remove(0), medians.remove(0));
     let mut local = cal.clone();
     local.compute_scale = fitted_scale(cal, &resident.token_work(0.0), st_r.ms_per_token).0;
+    let prefill = fitted_prefill_point(cal, &resident, prompt.len(), st_r.ttft_ms);
     drop(resident);
     let w = streamed.token_work(st.selection_reuse);
     let pred = crate::plan::perf::predict_token(&local, &w);
@@ -406,8 +413,11 @@ fn big_overlap_point(
         pred.weight_io_ms + pred.kv_io_ms,
         pred.pipelined_ms
     );
-    Ok(OverlapPoint {
-        layer_bytes: w.layer_bytes,
-        beta,
-    })
+    Ok((
+        OverlapPoint {
+            layer_bytes: w.layer_bytes,
+            beta,
+        },
+        prefill,
+    ))
 }

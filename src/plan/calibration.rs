@@ -64,6 +64,11 @@ pub struct Calibration {
     /// 18-33% over without it). 1 in profiles from before it was measured.
     #[serde(default = "one")]
     pub prefill_scale: f64,
+    /// The prefill factor measured on models of several sizes (empty in profiles from before:
+    /// `prefill_scale` holds for every size): on lavapipe a pass's prefill ran faster than its
+    /// matrices timed alone on the default model's small matrices, and slower on large ones.
+    #[serde(default)]
+    pub prefill_points: Vec<PrefillPoint>,
     /// What the calibrated device does that changes the plan (None in profiles from before
     /// it was recorded): `flashlm plan` then plans as `run` would on it.
     #[serde(default)]
@@ -131,6 +136,41 @@ pub struct OverlapPoint {
     pub beta: f64,
 }
 
+/// The prefill's in-pass factor measured on a model whose decode step reads `pass_bytes` of
+/// matrix weights.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+pub struct PrefillPoint {
+    pub pass_bytes: u64,
+    pub scale: f64,
+}
+
+/// The value at `x` of points (size, value) on a log scale of size: linear between the two
+/// nearest, the nearest end's outside them; None without points.
+fn log_interp(points: &[(u64, f64)], x: u64) -> Option<f64> {
+    let mut pts: Vec<(u64, f64)> = points
+        .iter()
+        .copied()
+        .filter(|&(at, v)| at > 0 && v.is_finite())
+        .collect();
+    pts.sort_by_key(|p| p.0);
+    let (first, last) = (*pts.first()?, *pts.last()?);
+    let ln = |at: u64| (at.max(1) as f64).ln();
+    let lx = ln(x);
+    if x == 0 || lx <= ln(first.0) {
+        return Some(first.1);
+    }
+    if lx >= ln(last.0) {
+        return Some(last.1);
+    }
+    pts.windows(2)
+        .find(|w| lx <= ln(w[1].0))
+        .map(|w| {
+            let f = (lx - ln(w[0].0)) / (ln(w[1].0) - ln(w[0].0)).max(1e-12);
+            w[0].1 + f * (w[1].1 - w[0].1)
+        })
+        .or(Some(last.1))
+}
+
 /// The measured rates of one matrix shape.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct MatmulPoint {
@@ -156,6 +196,15 @@ pub struct FlashRate {
     pub gb_s: f64,
 }
 
+/// An in-pass factor as used: within 0.25-4, and 1 where it is not a positive number.
+fn bounded_factor(k: f64) -> f64 {
+    if k.is_finite() && k > 0.0 {
+        k.clamp(0.25, 4.0)
+    } else {
+        1.0
+    }
+}
+
 fn one() -> f64 {
     1.0
 }
@@ -174,6 +223,9 @@ impl Calibration {
         let slowdown = probe_ratio(now.resident_ms, then.resident_ms);
         c.compute_scale = self.compute_scale * slowdown;
         c.prefill_scale = self.prefill_scale * slowdown;
+        for p in &mut c.prefill_points {
+            p.scale *= slowdown;
+        }
         let small = probe_ratio(now.flash_small_gb_s, then.flash_small_gb_s);
         let large = probe_ratio(now.flash_large_gb_s, then.flash_large_gb_s);
         let mid = ((PROBE_SMALL_PIECE as f64).log2() + (PROBE_LARGE_PIECE as f64).log2()) / 2.0;
@@ -190,20 +242,24 @@ impl Calibration {
 
     /// The in-pass compute factor, within sane bounds.
     pub fn compute_factor(&self) -> f64 {
-        if self.compute_scale.is_finite() && self.compute_scale > 0.0 {
-            self.compute_scale.clamp(0.25, 4.0)
-        } else {
-            1.0
-        }
+        bounded_factor(self.compute_scale)
     }
 
     /// [`Calibration::prefill_scale`], bounded as [`Calibration::compute_factor`] is.
     pub fn prefill_factor(&self) -> f64 {
-        if self.prefill_scale.is_finite() && self.prefill_scale > 0.0 {
-            self.prefill_scale.clamp(0.25, 4.0)
-        } else {
-            1.0
-        }
+        bounded_factor(self.prefill_scale)
+    }
+
+    /// The prefill factor for a model whose decode step reads `pass_bytes` of matrix weights:
+    /// from [`Calibration::prefill_points`] on a log scale of size, else
+    /// [`Calibration::prefill_factor`]; bounded as it is.
+    pub fn prefill_factor_for(&self, pass_bytes: u64) -> f64 {
+        let pts: Vec<(u64, f64)> = self
+            .prefill_points
+            .iter()
+            .map(|p| (p.pass_bytes, p.scale))
+            .collect();
+        bounded_factor(log_interp(&pts, pass_bytes).unwrap_or(self.prefill_scale))
     }
 
     /// Where calibration profiles live.
@@ -288,7 +344,7 @@ impl Calibration {
             }
         }
         s.push_str(&format!(
-            "| host memory copy | {} |\n| dispatch | {:.1} µs each |\n| host round trip (submit, map, wait) | {:.1} µs |\n| attention, decode | {:.3} GB/s of KV |\n| attention, prefill | {:.3} GB/s of KV over the rows |\n| unhidden share of the overlap (β) | {} |\n| decode pass in place of its kernels (resident run ÷ the rates above) | {:.2}× |\n| prefill in place of its kernels (resident time to first token ÷ the rates above) | {:.2}× |\n",
+            "| host memory copy | {} |\n| dispatch | {:.1} µs each |\n| host round trip (submit, map, wait) | {:.1} µs |\n| attention, decode | {:.3} GB/s of KV |\n| attention, prefill | {:.3} GB/s of KV over the rows |\n| unhidden share of the overlap (β) | {} |\n| decode pass in place of its kernels (resident run ÷ the rates above) | {:.2}× |\n| prefill in place of its kernels (resident time to first token ÷ the rates above) | {} |\n",
             if self.host_copy_gb_s > 0.0 {
                 format!("{:.2} GB/s", self.host_copy_gb_s)
             } else {
@@ -309,7 +365,16 @@ impl Calibration {
                     .join(", ")
             },
             self.compute_factor(),
-            self.prefill_factor()
+            if self.prefill_points.is_empty() {
+                format!("{:.2}×", self.prefill_factor())
+            } else {
+                let mut pts = self.prefill_points.clone();
+                pts.sort_by_key(|p| p.pass_bytes);
+                pts.iter()
+                    .map(|p| format!("{:.2}× (a model whose decode step reads {:.0} MB of matrices)", bounded_factor(p.scale), p.pass_bytes as f64 / 1e6))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            }
         ));
         if let Some(d) = self.device {
             s.push_str(&format!(
@@ -415,33 +480,12 @@ impl Calibration {
     /// β for streamed layers of `layer_bytes`: interpolated between the measured sizes in
     /// log(bytes), held at the ends (`overlap_beta` without sizes).
     pub fn beta_for(&self, layer_bytes: u64) -> f64 {
-        let mut pts: Vec<OverlapPoint> = self
+        let pts: Vec<(u64, f64)> = self
             .overlap_points
             .iter()
-            .copied()
-            .filter(|p| p.layer_bytes > 0 && p.beta.is_finite())
+            .map(|p| (p.layer_bytes, p.beta))
             .collect();
-        pts.sort_by_key(|p| p.layer_bytes);
-        let b = match (pts.first(), pts.last()) {
-            (Some(first), Some(last)) => {
-                let x = (layer_bytes.max(1) as f64).ln();
-                let ln = |p: &OverlapPoint| (p.layer_bytes as f64).ln();
-                if layer_bytes == 0 || x <= ln(first) {
-                    first.beta
-                } else if x >= ln(last) {
-                    last.beta
-                } else {
-                    pts.windows(2)
-                        .find(|w| x <= ln(&w[1]))
-                        .map(|w| {
-                            let f = (x - ln(&w[0])) / (ln(&w[1]) - ln(&w[0])).max(1e-12);
-                            w[0].beta + f * (w[1].beta - w[0].beta)
-                        })
-                        .unwrap_or(last.beta)
-                }
-            }
-            _ => self.overlap_beta,
-        };
+        let b = log_interp(&pts, layer_bytes).unwrap_or(self.overlap_beta);
         b.clamp(0.0, 1.0)
     }
 
@@ -498,6 +542,7 @@ pub(crate) mod tests {
             overlap_points: Vec::new(),
             compute_scale: 1.0,
             prefill_scale: 1.0,
+            prefill_points: Vec::new(),
             device: None,
             probe: None,
         }
@@ -576,12 +621,17 @@ pub(crate) mod tests {
         let mut c = cal();
         c.compute_scale = 0.8;
         c.prefill_scale = 0.6;
+        c.prefill_points = vec![PrefillPoint {
+            pass_bytes: 1 << 20,
+            scale: 0.4,
+        }];
         c.probe = Some(then.clone());
         let r = c.rescaled(&now);
         // Resident decode 1.5x slower: the factor 0.8 becomes 1.2 (the prefill's 0.6, 0.9);
         // kernel rates stay.
         assert!((r.compute_scale - 1.2).abs() < 1e-12, "{}", r.compute_scale);
         assert!((r.prefill_scale - 0.9).abs() < 1e-12, "{}", r.prefill_scale);
+        assert!((r.prefill_points[0].scale - 0.6).abs() < 1e-12);
         assert_eq!(r.matvec_gb_s, c.matvec_gb_s);
         // 1 MiB pieces follow the large probe (x1.2), 64 KiB ones the small (x0.5).
         assert!((r.flash_gb_s("direct", 1 << 20, 4) - 2.4).abs() < 1e-12);

@@ -23,14 +23,15 @@
 //!   ring smaller than a layer holds reads back until the device frees its slots.
 //!
 //! Prefill of a prompt of n tokens in batches of b: each batch pays its compute (prefill kernel
-//! rates, per token, times the prefill's in-pass factor measured like the decode's) and, when
+//! rates, per token, times the prefill's in-pass factor measured like the decode's, on models of
+//! two sizes and taken at the size of the model's decode step) and, when
 //! weights stream, a full pass of weight I/O; TTFT adds one decode step's head.
 
 use serde::Serialize;
 
 pub use super::calibration::{
     Calibration, DeviceFacts, FlashRate, MAX_MEASURED_ROWS, MatmulPoint, OverlapPoint,
-    PROBE_LARGE_PIECE, PROBE_SMALL_PIECE, Probe,
+    PROBE_LARGE_PIECE, PROBE_SMALL_PIECE, PrefillPoint, Probe,
 };
 use super::pipeline::{Stage, simulate_ring};
 pub use super::work::{
@@ -155,6 +156,7 @@ pub fn predict_prefill(c: &Calibration, w: &TokenWork, past: usize, n: usize, ba
             / up;
     let beta = c.beta_for(w.layer_bytes);
     let attn = w.kv_bytes_per_key as f64 / (c.prefill_attn().max(1e-6) * 1e9);
+    let factor = c.prefill_factor_for(w.matrices.iter().map(|m| m.bytes).sum());
     let mut total = 0.0;
     let mut left = n;
     let mut before = past as f64;
@@ -169,7 +171,7 @@ pub fn predict_prefill(c: &Calibration, w: &TokenWork, past: usize, n: usize, ba
             + keys * attn
             + w.dispatches as f64 * c.dispatch_s
             + if last { head_compute } else { 0.0 })
-            * c.prefill_factor();
+            * factor;
         let io = io_pass + if last { head_io } else { 0.0 };
         total += compute.max(io) + beta * compute.min(io);
     }
@@ -315,6 +317,26 @@ mod tests {
         };
         let ms = predict_prefill(&quick, &w, 0, 100, 64);
         assert!((ms - 534.0).abs() < 1e-6, "{ms}");
+        // Measured on two models, the factor of the nearer size in log terms: this work's
+        // 80 MB decode step lies past the larger model's 40 MB, whose factor (0.5) holds.
+        let sized = Calibration {
+            prefill_points: vec![
+                PrefillPoint {
+                    pass_bytes: 40_000_000,
+                    scale: 0.5,
+                },
+                PrefillPoint {
+                    pass_bytes: 4_000_000,
+                    scale: 2.0,
+                },
+            ],
+            ..cal()
+        };
+        let ms = predict_prefill(&sized, &w, 0, 100, 64);
+        assert!((ms - 534.0).abs() < 1e-6, "{ms}");
+        assert_eq!(sized.prefill_factor_for(1_000_000), 2.0);
+        let mid = (4_000_000f64 * 40_000_000f64).sqrt() as u64;
+        assert!((sized.prefill_factor_for(mid) - 1.25).abs() < 1e-6);
         for (k, f) in [(100.0, 4.0), (0.1, 0.25), (f64::NAN, 1.0), (-2.0, 1.0)] {
             let c = Calibration {
                 prefill_scale: k,
