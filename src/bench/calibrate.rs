@@ -198,6 +198,7 @@ pub fn run(model: &LoadedModel, gpu: &GpuOptions) -> BenchResult<Calibration> {
         compute_scale: 1.0,
         prefill_scale: 1.0,
         prefill_points: Vec::new(),
+        compute_points: Vec::new(),
         device: None,
         probe: None,
     };
@@ -223,6 +224,10 @@ pub fn run(model: &LoadedModel, gpu: &GpuOptions) -> BenchResult<Calibration> {
     );
     // Kept as measured; `compute_factor` bounds it where it is used.
     cal.compute_scale = scale;
+    let small_compute = PrefillPoint {
+        pass_bytes: crate::plan::perf::pass_bytes(&resident.token_work(st_r.selection_reuse)),
+        scale,
+    };
     eprintln!(
         "compute: resident run {:.1} ms/token, kernels at their rates {kernels_ms:.1} ms: x{:.2}",
         st_r.ms_per_token,
@@ -251,8 +256,9 @@ pub fn run(model: &LoadedModel, gpu: &GpuOptions) -> BenchResult<Calibration> {
     drop(streamed);
     // The overlap again on layers of a 7B model's order of size (a synthetic model in the
     // cache directory, written once): how much a pass hides changes with what a layer costs.
-    let (big, big_prefill) = big_overlap_point(&cal, gpu, &prompt, &mut sm)?;
+    let (big, big_compute, big_prefill) = big_overlap_point(&cal, gpu, &prompt, &mut sm)?;
     cal.overlap_points = vec![small, big];
+    cal.compute_points = vec![small_compute, big_compute];
     cal.prefill_points = vec![small_prefill, big_prefill];
     // The speed probe of this moment, for the benches to compare theirs with.
     let path = std::fs::canonicalize(&model.path).unwrap_or_else(|_| model.path.clone());
@@ -310,6 +316,7 @@ fn calibration_engine(
 fn fitted_scale(cal: &Calibration, w: &TokenWork, measured_ms: f64) -> (f64, f64) {
     let mut at_rates = cal.clone();
     at_rates.compute_scale = 1.0;
+    at_rates.compute_points.clear();
     let kernels_ms = crate::plan::perf::predict_token(&at_rates, w).compute_ms;
     if kernels_ms > 0.0 && measured_ms > 0.0 {
         (measured_ms / kernels_ms, kernels_ms)
@@ -381,7 +388,7 @@ fn big_overlap_point(
     gpu: &GpuOptions,
     prompt: &[u32],
     sm: &mut Sampler,
-) -> BenchResult<(OverlapPoint, PrefillPoint)> {
+) -> BenchResult<(OverlapPoint, PrefillPoint, PrefillPoint)> {
     let spec = overlap_spec();
     let path = crate::paths::cache_dir().join("calibration-overlap.gguf");
     super::s3::ensure_model(&path, &spec)?;
@@ -398,7 +405,12 @@ fn big_overlap_point(
     let mut medians = interleaved_medians(&mut [&mut resident, &mut streamed], &prompt, sm)?;
     let (st_r, st) = (medians.remove(0), medians.remove(0));
     let mut local = cal.clone();
+    local.compute_points.clear();
     local.compute_scale = fitted_scale(cal, &resident.token_work(0.0), st_r.ms_per_token).0;
+    let compute = PrefillPoint {
+        pass_bytes: crate::plan::perf::pass_bytes(&resident.token_work(0.0)),
+        scale: local.compute_scale,
+    };
     let prefill = fitted_prefill_point(cal, &resident, prompt.len(), st_r.ttft_ms);
     drop(resident);
     let w = streamed.token_work(st.selection_reuse);
@@ -418,6 +430,7 @@ fn big_overlap_point(
             layer_bytes: w.layer_bytes,
             beta,
         },
+        compute,
         prefill,
     ))
 }

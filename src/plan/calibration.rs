@@ -69,6 +69,10 @@ pub struct Calibration {
     /// matrices timed alone on the default model's small matrices, and slower on large ones.
     #[serde(default)]
     pub prefill_points: Vec<PrefillPoint>,
+    /// The decode's factor measured on models of several sizes, as `prefill_points` (empty in
+    /// profiles from before: `compute_scale` holds for every size).
+    #[serde(default)]
+    pub compute_points: Vec<PrefillPoint>,
     /// What the calibrated device does that changes the plan (None in profiles from before
     /// it was recorded): `flashlm plan` then plans as `run` would on it.
     #[serde(default)]
@@ -136,8 +140,8 @@ pub struct OverlapPoint {
     pub beta: f64,
 }
 
-/// The prefill's in-pass factor measured on a model whose decode step reads `pass_bytes` of
-/// matrix weights.
+/// An in-pass factor (the decode's or the prefill's) measured on a model whose decode step
+/// reads `pass_bytes` of matrix weights.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
 pub struct PrefillPoint {
     pub pass_bytes: u64,
@@ -196,6 +200,25 @@ pub struct FlashRate {
     pub gb_s: f64,
 }
 
+/// In-pass factors by model size for the calibration table (`single` where none are sized).
+fn factors(points: &[PrefillPoint], single: f64) -> String {
+    if points.is_empty() {
+        return format!("{single:.2}×");
+    }
+    let mut pts = points.to_vec();
+    pts.sort_by_key(|p| p.pass_bytes);
+    pts.iter()
+        .map(|p| {
+            format!(
+                "{:.2}× (a model whose decode step reads {:.0} MB of matrices)",
+                bounded_factor(p.scale),
+                p.pass_bytes as f64 / 1e6
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// An in-pass factor as used: within 0.25-4, and 1 where it is not a positive number.
 fn bounded_factor(k: f64) -> f64 {
     if k.is_finite() && k > 0.0 {
@@ -223,7 +246,11 @@ impl Calibration {
         let slowdown = probe_ratio(now.resident_ms, then.resident_ms);
         c.compute_scale = self.compute_scale * slowdown;
         c.prefill_scale = self.prefill_scale * slowdown;
-        for p in &mut c.prefill_points {
+        for p in c
+            .prefill_points
+            .iter_mut()
+            .chain(c.compute_points.iter_mut())
+        {
             p.scale *= slowdown;
         }
         let small = probe_ratio(now.flash_small_gb_s, then.flash_small_gb_s);
@@ -243,6 +270,18 @@ impl Calibration {
     /// The in-pass compute factor, within sane bounds.
     pub fn compute_factor(&self) -> f64 {
         bounded_factor(self.compute_scale)
+    }
+
+    /// The decode's factor for a model whose decode step reads `pass_bytes` of matrix weights:
+    /// from [`Calibration::compute_points`] on a log scale of size, else
+    /// [`Calibration::compute_factor`]; bounded as it is.
+    pub fn compute_factor_for(&self, pass_bytes: u64) -> f64 {
+        let pts: Vec<(u64, f64)> = self
+            .compute_points
+            .iter()
+            .map(|p| (p.pass_bytes, p.scale))
+            .collect();
+        bounded_factor(log_interp(&pts, pass_bytes).unwrap_or(self.compute_scale))
     }
 
     /// [`Calibration::prefill_scale`], bounded as [`Calibration::compute_factor`] is.
@@ -344,7 +383,7 @@ impl Calibration {
             }
         }
         s.push_str(&format!(
-            "| host memory copy | {} |\n| dispatch | {:.1} µs each |\n| host round trip (submit, map, wait) | {:.1} µs |\n| attention, decode | {:.3} GB/s of KV |\n| attention, prefill | {:.3} GB/s of KV over the rows |\n| unhidden share of the overlap (β) | {} |\n| decode pass in place of its kernels (resident run ÷ the rates above) | {:.2}× |\n| prefill in place of its kernels (resident time to first token ÷ the rates above) | {} |\n",
+            "| host memory copy | {} |\n| dispatch | {:.1} µs each |\n| host round trip (submit, map, wait) | {:.1} µs |\n| attention, decode | {:.3} GB/s of KV |\n| attention, prefill | {:.3} GB/s of KV over the rows |\n| unhidden share of the overlap (β) | {} |\n| decode pass in place of its kernels (resident run ÷ the rates above) | {} |\n| prefill in place of its kernels (resident time to first token ÷ the rates above) | {} |\n",
             if self.host_copy_gb_s > 0.0 {
                 format!("{:.2} GB/s", self.host_copy_gb_s)
             } else {
@@ -364,17 +403,8 @@ impl Calibration {
                     .collect::<Vec<_>>()
                     .join(", ")
             },
-            self.compute_factor(),
-            if self.prefill_points.is_empty() {
-                format!("{:.2}×", self.prefill_factor())
-            } else {
-                let mut pts = self.prefill_points.clone();
-                pts.sort_by_key(|p| p.pass_bytes);
-                pts.iter()
-                    .map(|p| format!("{:.2}× (a model whose decode step reads {:.0} MB of matrices)", bounded_factor(p.scale), p.pass_bytes as f64 / 1e6))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            }
+            factors(&self.compute_points, self.compute_factor()),
+            factors(&self.prefill_points, self.prefill_factor()),
         ));
         if let Some(d) = self.device {
             s.push_str(&format!(
@@ -543,6 +573,7 @@ pub(crate) mod tests {
             compute_scale: 1.0,
             prefill_scale: 1.0,
             prefill_points: Vec::new(),
+            compute_points: Vec::new(),
             device: None,
             probe: None,
         }

@@ -58,7 +58,7 @@ pub fn predict_token(c: &Calibration, w: &TokenWork) -> Prediction {
         + c.products_s(&[w.head.matrix()], false)
         + w.dispatches as f64 * c.dispatch_s
         + w.attn_bytes as f64 / (c.attn_gb_s.max(1e-6) * 1e9))
-        * c.compute_factor();
+        * c.compute_factor_for(pass_bytes(w));
     let flash = c.flash_gb_s(&w.mode, w.piece, w.threads).max(1e-6) * 1e9;
     let up = c.upload_gb_s.max(1e-6) * 1e9;
     let weight_s = w.weight_flash_bytes as f64 / flash
@@ -95,6 +95,12 @@ pub fn predict_token(c: &Calibration, w: &TokenWork) -> Prediction {
     }
 }
 
+/// Weight bytes of the matrices of one decode step (the head aside): the size the in-pass
+/// factors are measured and taken at.
+pub fn pass_bytes(w: &TokenWork) -> u64 {
+    w.matrices.iter().map(|m| m.bytes).sum()
+}
+
 /// Bytes per second of KV page reads: one thread reading runs of `w.kv_piece` bytes (the
 /// weights' rate when unknown).
 fn kv_flash_rate(c: &Calibration, w: &TokenWork, flash: f64) -> f64 {
@@ -109,6 +115,7 @@ fn kv_flash_rate(c: &Calibration, w: &TokenWork, flash: f64) -> f64 {
 /// share of the dispatches and attention; reads at the flash rate, copies at the upload rate.
 fn stages(c: &Calibration, w: &TokenWork, flash: f64, kv_flash: f64, up: f64) -> Vec<Stage> {
     let n_layers = w.stages.iter().filter(|s| s.pool == 0).count().max(1) as f64;
+    let factor = c.compute_factor_for(pass_bytes(w));
     let spread = (w.dispatches as f64 * c.dispatch_s
         + w.attn_bytes as f64 / (c.attn_gb_s.max(1e-6) * 1e9))
         / n_layers;
@@ -116,7 +123,7 @@ fn stages(c: &Calibration, w: &TokenWork, flash: f64, kv_flash: f64, up: f64) ->
         .iter()
         .map(|s| Stage {
             compute_s: (c.products_s(&s.matrices, false) + if s.pool == 0 { spread } else { 0.0 })
-                * c.compute_factor(),
+                * factor,
             // The I/O thread's host copies run between its reads.
             read_s: s.flash_bytes / flash
                 + s.kv_flash_bytes / kv_flash
@@ -156,7 +163,7 @@ pub fn predict_prefill(c: &Calibration, w: &TokenWork, past: usize, n: usize, ba
             / up;
     let beta = c.beta_for(w.layer_bytes);
     let attn = w.kv_bytes_per_key as f64 / (c.prefill_attn().max(1e-6) * 1e9);
-    let factor = c.prefill_factor_for(w.matrices.iter().map(|m| m.bytes).sum());
+    let factor = c.prefill_factor_for(pass_bytes(w));
     let mut total = 0.0;
     let mut left = n;
     let mut before = past as f64;
@@ -258,6 +265,25 @@ mod tests {
             (p.ms_per_token - (123.0 + 0.25 * 50.6)).abs() < 1e-9,
             "{p:?}"
         );
+        // Measured on two model sizes: this work's 80 MB decode step takes the factor measured
+        // at 80 MB (1.5), not the one at 8 MB nor the unsized one.
+        let sized = Calibration {
+            compute_points: vec![
+                PrefillPoint {
+                    pass_bytes: 8_000_000,
+                    scale: 0.5,
+                },
+                PrefillPoint {
+                    pass_bytes: 80_000_000,
+                    scale: 1.5,
+                },
+            ],
+            compute_scale: 0.5,
+            ..cal()
+        };
+        let p = predict_token(&sized, &w);
+        assert!((p.compute_ms - 123.0).abs() < 1e-9, "{p:?}");
+        assert!((sized.compute_factor_for(8_000_000) - 0.5).abs() < 1e-12);
         // Out-of-range factors are clamped; nonsense ones ignored.
         for (k, f) in [(100.0, 4.0), (0.0, 1.0), (f64::NAN, 1.0), (-2.0, 1.0)] {
             let c = Calibration {

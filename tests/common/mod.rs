@@ -151,6 +151,7 @@ pub fn calibration(direct_gb_s: f64, mmap_gb_s: f64) -> flashlm::plan::perf::Cal
         compute_scale: 1.0,
         prefill_scale: 1.0,
         prefill_points: Vec::new(),
+        compute_points: Vec::new(),
         device: None,
         probe: None,
     }
