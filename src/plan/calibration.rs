@@ -219,6 +219,12 @@ fn factors(points: &[PrefillPoint], single: f64) -> String {
         .join(", ")
 }
 
+/// The factor of `points` at `pass_bytes` (`fallback` without points), bounded.
+fn sized_factor(points: &[PrefillPoint], pass_bytes: u64, fallback: f64) -> f64 {
+    let pts: Vec<(u64, f64)> = points.iter().map(|p| (p.pass_bytes, p.scale)).collect();
+    bounded_factor(log_interp(&pts, pass_bytes).unwrap_or(fallback))
+}
+
 /// An in-pass factor as used: within 0.25-4, and 1 where it is not a positive number.
 fn bounded_factor(k: f64) -> f64 {
     if k.is_finite() && k > 0.0 {
@@ -276,12 +282,7 @@ impl Calibration {
     /// from [`Calibration::compute_points`] on a log scale of size, else
     /// [`Calibration::compute_factor`]; bounded as it is.
     pub fn compute_factor_for(&self, pass_bytes: u64) -> f64 {
-        let pts: Vec<(u64, f64)> = self
-            .compute_points
-            .iter()
-            .map(|p| (p.pass_bytes, p.scale))
-            .collect();
-        bounded_factor(log_interp(&pts, pass_bytes).unwrap_or(self.compute_scale))
+        sized_factor(&self.compute_points, pass_bytes, self.compute_scale)
     }
 
     /// [`Calibration::prefill_scale`], bounded as [`Calibration::compute_factor`] is.
@@ -293,12 +294,7 @@ impl Calibration {
     /// from [`Calibration::prefill_points`] on a log scale of size, else
     /// [`Calibration::prefill_factor`]; bounded as it is.
     pub fn prefill_factor_for(&self, pass_bytes: u64) -> f64 {
-        let pts: Vec<(u64, f64)> = self
-            .prefill_points
-            .iter()
-            .map(|p| (p.pass_bytes, p.scale))
-            .collect();
-        bounded_factor(log_interp(&pts, pass_bytes).unwrap_or(self.prefill_scale))
+        sized_factor(&self.prefill_points, pass_bytes, self.prefill_scale)
     }
 
     /// Where calibration profiles live.
