@@ -146,7 +146,8 @@ fn widened(
 }
 
 /// Read each request's source range into its mapped destination `ranges` (zeroing the padding
-/// after it), over up to the source's reader thread count. With direct I/O a read widens to
+/// after it), over up to the source's reader thread count (its own threads: see
+/// [`WeightSource::parallel`]). With direct I/O a read widens to
 /// the whole pages of the file its bytes lie in, where its destination sits as they do within a
 /// page and the room around it is no other request's: the reader then reads each of a layer's
 /// tensors in aligned pieces straight into the slot, instead of its first and last partial
@@ -230,24 +231,33 @@ fn read_mapped(
     let res = if threads == 1 {
         jobs.into_iter().try_for_each(read)
     } else {
+        // Over the source's reader threads: each takes the next read until none is left or
+        // one has failed.
         let queue = Mutex::new(jobs.into_iter());
-        let next = || queue.lock().unwrap_or_else(|p| p.into_inner()).next();
-        std::thread::scope(|s| {
-            let workers: Vec<_> = (0..threads)
-                .map(|_| {
-                    s.spawn(|| {
-                        while let Some(j) = next() {
-                            read(j)?;
-                        }
-                        Ok::<(), String>(())
-                    })
-                })
-                .collect();
-            workers.into_iter().try_for_each(|w| {
-                w.join()
-                    .unwrap_or_else(|_| Err("an in-place reader thread panicked".to_string()))
-            })
-        })
+        let failed: Mutex<Option<String>> = Mutex::new(None);
+        let work = || {
+            loop {
+                if failed.lock().unwrap_or_else(|p| p.into_inner()).is_some() {
+                    break;
+                }
+                let Some(j) = queue.lock().unwrap_or_else(|p| p.into_inner()).next() else {
+                    break;
+                };
+                if let Err(e) = read(j) {
+                    let mut f = failed.lock().unwrap_or_else(|p| p.into_inner());
+                    f.get_or_insert(e);
+                    break;
+                }
+            }
+        };
+        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            src.parallel(threads, &work)
+        }));
+        match (ran, failed.into_inner().unwrap_or_else(|p| p.into_inner())) {
+            (Err(_), _) => Err("an in-place reader thread panicked".to_string()),
+            (Ok(()), Some(e)) => Err(e),
+            (Ok(()), None) => Ok(()),
+        }
     };
     drop(views);
     res

@@ -9,9 +9,10 @@ use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
 
+use super::pool::ReaderPool;
 use super::sys::{AlignedBuf, DIRECT_ALIGN, Identity, einval, identity, open_direct};
 use super::{FileChange, FlashError};
 
@@ -111,6 +112,9 @@ pub struct FlashFile {
     /// Bytes direct reads copied out of bounce buffers (destinations not placed as their file
     /// offsets sit within a page).
     bounced: AtomicU64,
+    /// The reader threads beside the caller (`threads` - 1), started by the first read that
+    /// splits; None where they could not be started (reads then stay on the caller).
+    pool: OnceLock<Option<ReaderPool>>,
 }
 
 impl fmt::Debug for FlashFile {
@@ -183,6 +187,7 @@ impl FlashFile {
             bytes_read: AtomicU64::new(0),
             reads: AtomicU64::new(0),
             bounced: AtomicU64::new(0),
+            pool: OnceLock::new(),
         };
         if opts.mode == IoMode::Direct && len > 0 {
             // Some filesystems accept the flag at open and refuse the first read.

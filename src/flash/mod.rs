@@ -11,7 +11,7 @@
 //!   ([`FlashFile::prefetch`], [`FlashFile::release`]).
 //!
 //! Large reads are split at `chunk`-sized boundaries of the file and read by up to `threads`
-//! threads. [`evict_page_cache`] and [`page_cache_residency`] let benchmarks start cold and
+//! threads (the caller and reader threads the file keeps, `pool`). [`evict_page_cache`] and [`page_cache_residency`] let benchmarks start cold and
 //! check that they did.
 //!
 //! Where things live: `file` holds [`FlashFile`], [`ReaderOptions`] and [`IoMode`] (the read
@@ -24,6 +24,7 @@ mod cache;
 pub(crate) mod direct;
 mod error;
 mod file;
+mod pool;
 mod residency;
 mod size;
 mod sys;

@@ -97,6 +97,17 @@ pub trait WeightSource: ChunkSource {
     fn direct_reads(&self) -> Option<DirectReads> {
         None
     }
+    /// Call `f` on up to `n` threads at once (this one among them) and return when every call
+    /// has returned: the flash reader's own threads where the source has them, else threads
+    /// started for this call.
+    fn parallel(&self, n: usize, f: &(dyn Fn() + Sync)) {
+        std::thread::scope(|s| {
+            for _ in 1..n {
+                s.spawn(f);
+            }
+            f();
+        });
+    }
 }
 
 /// See [`WeightSource::direct_reads`].
@@ -191,5 +202,8 @@ impl WeightSource for FlashSource {
             align: super::DIRECT_ALIGN as u64,
             file_len: self.file.len(),
         })
+    }
+    fn parallel(&self, n: usize, f: &(dyn Fn() + Sync)) {
+        self.file.parallel(n, f);
     }
 }

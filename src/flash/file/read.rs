@@ -1,5 +1,5 @@
 //! The read path of [`FlashFile`]: [`FlashFile::read_into`] splits a read into pieces and
-//! spreads them over reader threads; each piece is copied out of the map (mmap mode) or read
+//! spreads them over the file's reader threads (kept from read to read, see `pool`); each piece is copied out of the map (mmap mode) or read
 //! with `pread`, straight into the destination where the alignment allows and through pooled
 //! bounce buffers otherwise (direct mode). Injected faults are checked here.
 
@@ -7,6 +7,7 @@ use std::io;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use crate::flash::pool::ReaderPool;
 use crate::flash::sys::{AlignedBuf, DIRECT_ALIGN, pread};
 use crate::flash::{FlashError, FlashFault, FlashFile, IoMode};
 
@@ -108,12 +109,7 @@ impl FlashFile {
                 }
             }
         };
-        std::thread::scope(|s| {
-            for _ in 1..workers {
-                s.spawn(work);
-            }
-            work();
-        });
+        self.parallel(workers, &work);
         if let Some(e) = first_err.into_inner().ok().flatten() {
             return Err(e);
         }
@@ -125,6 +121,19 @@ impl FlashFile {
             ));
         }
         Ok(())
+    }
+
+    /// Call `f` on up to `n` threads at once, this one and the file's reader threads (started
+    /// on first use), and return when every call has returned. A call made from inside
+    /// another's `f` stays on its thread.
+    pub fn parallel(&self, n: usize, f: &(dyn Fn() + Sync)) {
+        let pool = self
+            .pool
+            .get_or_init(|| ReaderPool::new(self.opts.threads.saturating_sub(1)).ok());
+        match pool {
+            Some(p) => p.run(n, f),
+            None => f(),
+        }
     }
 
     fn read_piece(&self, offset: u64, dst: &mut [u8]) -> Result<(), FlashError> {
