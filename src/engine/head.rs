@@ -1,5 +1,7 @@
 //! The output head: the last rows normed and multiplied by the head (resident, or streamed in
-//! row chunks through two slots), the logits read back (and soft-capped when the model says so).
+//! row chunks through two slots or the layer slots), the logits read back (and soft-capped when
+//! the model says so). Once the head's last use of the layer slots is submitted, the next pass's
+//! first streamed layers are queued, so that they read while the logits come back.
 
 use crate::flash::queue::Ticket;
 use crate::kernels;
@@ -17,6 +19,7 @@ impl Engine {
         on_logits: &mut dyn FnMut(usize, &[f32]),
     ) -> Result<(), EngineError> {
         if want.is_empty() {
+            self.queue_next_pass();
             self.ctx.wait()?;
             return Ok(());
         }
@@ -27,7 +30,8 @@ impl Engine {
         } else {
             self.plan.logit_rows
         };
-        for rows in want.chunks(group) {
+        let groups = want.len().div_ceil(group.max(1));
+        for (gi, rows) in want.chunks(group.max(1)).enumerate() {
             let multi = group > 1;
             let mut enc = self.ctx.device.create_command_encoder(&Default::default());
             for (j, &r) in rows.iter().enumerate() {
@@ -62,6 +66,10 @@ impl Engine {
             self.submit(enc, "output norm".into());
             if streamed {
                 self.stream_head(multi)?;
+            }
+            if gi + 1 == groups {
+                // Every use of the layer slots in this pass is submitted now.
+                self.queue_next_pass();
             }
             let n = if multi { group } else { 1 };
             let mut enc = self.ctx.device.create_command_encoder(&Default::default());

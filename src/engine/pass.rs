@@ -111,6 +111,19 @@ impl Engine {
         });
     }
 
+    /// Queue the next pass's first streamed layers (as many as there are layer slots), once
+    /// this pass has submitted the last compute that reads their slots (its output head, which
+    /// may stream through them): their reads then run while the device finishes the head and
+    /// the host reads the logits back and samples, rather than after.
+    pub(super) fn queue_next_pass(&mut self) {
+        let window = self.n_slots.min(self.streamed.len());
+        while self.prefetched < window {
+            let k = self.prefetched;
+            self.queue_weights(k, true);
+            self.prefetched += 1;
+        }
+    }
+
     /// Wait for a job and account for it.
     pub(super) fn finish_job(
         &mut self,
@@ -126,6 +139,13 @@ impl Engine {
         self.io.upload_s += r.end - r.start;
         self.io.wait_s += self.tracer.now() - t;
         self.kv_stats.fetch.add(&r.kv);
+        let name = name.into();
+        if self.tracer.keeps() {
+            // When the engine queued it: a zero-length span on the host's row.
+            let q = format!("queue {name}");
+            self.tracer
+                .span_at(q, "queue", TID_HOST, r.queued, r.queued);
+        }
         self.tracer.span_at(name, "io", TID_IO, r.start, r.end);
         Ok(())
     }
@@ -503,15 +523,11 @@ impl Engine {
         } else {
             drop(enc);
         }
+        // The head queues the next pass's first streamed layers once it has submitted its
+        // last use of their slots (see `queue_next_pass`).
         self.head_pass(t, want, on_logits)?;
         if lagging {
             self.read_lagged_scores(&scored, top)?;
-        }
-        // Queue the next pass's first streamed layers now, behind this pass's compute.
-        while self.prefetched < window {
-            let k = self.prefetched;
-            self.queue_weights(k, true);
-            self.prefetched += 1;
         }
         for tk in std::mem::take(&mut self.pending_prefetch) {
             self.finish_job(tk, "prefetch KV")?;

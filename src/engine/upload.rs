@@ -27,7 +27,9 @@ pub struct OwnedReq {
 #[derive(Debug, Clone, Default)]
 pub struct JobReport {
     pub upload: UploadStats,
-    /// Seconds from the tracer's start when the job began and ended.
+    /// Seconds from the tracer's start when the engine queued the job, and when the job began
+    /// and ended.
+    pub queued: f64,
     pub start: f64,
     pub end: f64,
     pub kv: KvFetch,
@@ -105,6 +107,18 @@ impl Uploader {
         &self.source
     }
 
+    /// Queue `job` for the I/O thread; its report carries the time it was queued.
+    fn submit(
+        &self,
+        need: u64,
+        prio: Priority,
+        job: impl FnOnce() -> JobResult + Send + 'static,
+    ) -> Ticket<JobResult> {
+        let queued = self.t0.elapsed().as_secs_f64();
+        self.queue
+            .submit_at(need, prio, move || job().map(|r| JobReport { queued, ..r }))
+    }
+
     /// Queue weight ranges of the model file, needed at `need` (the layer ordinal, see
     /// [`TransferQueue::submit_at`]).
     pub fn weights(
@@ -117,7 +131,7 @@ impl Uploader {
         let ctx = self.ctx.clone();
         let source = self.source.clone();
         let t0 = self.t0;
-        self.queue.submit_at(need, Priority::Weights, move || {
+        self.submit(need, Priority::Weights, move || {
             let start = t0.elapsed().as_secs_f64();
             let Some(ring) = ring else {
                 return Err("no staging ring".to_string());
@@ -141,7 +155,7 @@ impl Uploader {
         let ctx = self.ctx.clone();
         let source = self.source.clone();
         let t0 = self.t0;
-        self.queue.submit_at(need, Priority::Weights, move || {
+        self.submit(need, Priority::Weights, move || {
             let start = t0.elapsed().as_secs_f64();
             let (wait_s, read_s) = super::inplace::fill(&ctx, source.as_ref(), &reqs, after)?;
             let upload = UploadStats {
@@ -178,7 +192,7 @@ impl Uploader {
         let store = self.store.clone();
         let pre = self.prefetched.clone();
         let t0 = self.t0;
-        self.queue.submit_at(need, prio, move || {
+        self.submit(need, prio, move || {
             let start = t0.elapsed().as_secs_f64();
             let (Some(ring), Some(store)) = (ring, store) else {
                 return Err("KV pages streamed without a staging ring or page file".to_string());
@@ -233,6 +247,7 @@ impl Uploader {
                 start,
                 end: t0.elapsed().as_secs_f64(),
                 kv,
+                ..Default::default()
             })
         })
     }
@@ -250,7 +265,7 @@ impl Uploader {
         let store = self.store.clone();
         let pre = self.prefetched.clone();
         let t0 = self.t0;
-        self.queue.submit_at(need, Priority::ColdKv, move || {
+        self.submit(need, Priority::ColdKv, move || {
             let start = t0.elapsed().as_secs_f64();
             let Some(store) = store else {
                 return Err("no KV page file".to_string());
@@ -298,7 +313,7 @@ fn weights_done(
         upload,
         start,
         end: t0.elapsed().as_secs_f64(),
-        kv: KvFetch::default(),
+        ..Default::default()
     }
 }
 

@@ -20,7 +20,9 @@
 //!   reads only once it has chosen them (neither prefetched nor cached) count with K − K₁, and
 //!   each selecting layer adds one host round trip (its page scores read back first);
 //!   reads go through the staging ring one slot at a time (pieces of at most a slot), and a
-//!   ring smaller than a layer holds reads back until the device frees its slots.
+//!   ring smaller than a layer holds reads back until the device frees its slots. The pipeline
+//!   is simulated pass after pass (`pipeline::simulate_steady`): a decode step's first layers
+//!   are read while the step before it finishes its output head.
 //!
 //! Prefill of a prompt of n tokens in batches of b: each batch pays its compute (prefill kernel
 //! rates, per token, times the prefill's in-pass factor measured like the decode's, on models of
@@ -33,7 +35,7 @@ pub use super::calibration::{
     Calibration, DeviceFacts, FlashRate, MAX_MEASURED_ROWS, MatmulPoint, OverlapPoint,
     PROBE_LARGE_PIECE, PROBE_SMALL_PIECE, PrefillPoint, Probe,
 };
-use super::pipeline::{Stage, simulate_ring};
+use super::pipeline::{Stage, simulate_steady};
 pub use super::work::{
     HeadWork, MatrixWork, RunIo, StageWork, TokenWork, kv_prediction, streamed_weight_bytes,
     token_work,
@@ -73,7 +75,7 @@ pub fn predict_token(c: &Calibration, w: &TokenWork) -> Prediction {
     let (pipelined, overlapped) = if w.stages.is_empty() {
         (compute_s.max(io), compute_s.min(io))
     } else {
-        let p = simulate_ring(
+        let p = simulate_steady(
             &stages(c, w, flash, kv_flash, up),
             w.slots,
             w.in_place,
