@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
-use flashlm::engine::{Engine, EngineError, EngineOptions};
+use flashlm::engine::{Engine, EngineOptions};
 use flashlm::gguf::writer::GgufWriter;
 use flashlm::gguf::{GgufFile, MetaValue};
 use flashlm::gpu::GpuOptions;
@@ -127,18 +127,6 @@ fn options(budget: Option<u64>, dir: &Path) -> EngineOptions {
     }
 }
 
-fn min_budget(gguf: &Arc<GgufFile>, o: &EngineOptions) -> u64 {
-    let mut t = o.clone();
-    t.gpu.budget = Some(1024);
-    match Engine::new(gguf.clone(), &t) {
-        Err(EngineError::Placement(flashlm::engine::PlacementError::TooSmall {
-            minimum, ..
-        })) => minimum,
-        Err(e) => panic!("expected a too-small budget, got {e}"),
-        Ok(_) => panic!("1 KiB accepted"),
-    }
-}
-
 /// The GPU engine under `o` against the oracle: prompt logits, then 16 greedy steps. Returns
 /// every logit computed.
 fn check_engine(
@@ -211,7 +199,7 @@ fn check_arch(spec: &ArchSpec, seed: u64) {
     }
     let resident = options(None, &dir);
     let base = check_engine(&format!("{name} resident"), &gguf, &resident, &want, &p);
-    let min = min_budget(&gguf, &resident);
+    let min = common::min_budget(&gguf, &resident);
     let streamed = options(Some(min), &dir);
     let e = Engine::new(gguf.clone(), &streamed).unwrap();
     assert!(

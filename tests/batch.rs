@@ -34,18 +34,6 @@ fn opts(budget: Option<u64>, seqs: usize) -> EngineOptions {
     }
 }
 
-fn min_budget(gguf: &Arc<GgufFile>, o: &EngineOptions) -> u64 {
-    let mut t = o.clone();
-    t.gpu.budget = Some(1024);
-    match Engine::new(gguf.clone(), &t) {
-        Err(EngineError::Placement(flashlm::engine::PlacementError::TooSmall {
-            minimum, ..
-        })) => minimum,
-        Err(e) => panic!("{e}"),
-        Ok(_) => panic!("1 KiB accepted"),
-    }
-}
-
 #[test]
 fn batched_decoding_equals_each_sequence_alone() {
     if common::gpu().is_none() {
@@ -86,7 +74,7 @@ fn batched_decoding_equals_each_sequence_alone() {
     for streamed in [false, true] {
         let mut o = opts(None, 4);
         if streamed {
-            o.gpu.budget = Some(min_budget(&gguf, &o));
+            o.gpu.budget = Some(common::min_budget(&gguf, &o));
         }
         let mut e = Engine::new(gguf.clone(), &o).unwrap();
         assert_eq!(e.ctx.budget.in_use(), e.plan.total);

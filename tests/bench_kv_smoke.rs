@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use flashlm::bench::kv::{KvBenchOptions, MODES, run};
-use flashlm::engine::{Engine, EngineError, EngineOptions};
+use flashlm::engine::{Engine, EngineOptions};
 use flashlm::flash::source::FlashSource;
 use flashlm::flash::{FlashFile, IoMode, ReaderOptions};
 use flashlm::gguf::GgmlType;
@@ -63,20 +63,6 @@ fn text() -> String {
     s
 }
 
-/// The smallest device budget the engine takes at a context of `ctx` tokens.
-fn min_budget(m: &flashlm::model::LoadedModel, o: &EngineOptions, ctx: usize) -> u64 {
-    let mut t = o.clone();
-    t.ctx = Some(ctx);
-    t.gpu.budget = Some(1024);
-    match Engine::new(m.gguf.clone(), &t) {
-        Err(EngineError::Placement(flashlm::engine::PlacementError::TooSmall {
-            minimum, ..
-        })) => minimum,
-        Err(e) => panic!("expected a too-small budget, got {e}"),
-        Ok(_) => panic!("1 KiB accepted"),
-    }
-}
-
 #[test]
 fn bench_kv_reports_every_section_with_finite_figures() {
     if common::gpu().is_none() {
@@ -99,7 +85,13 @@ fn bench_kv_reports_every_section_with_finite_figures() {
         .map(|mode| {
             let mut o = base.clone();
             o.kv_select = (*mode != "exact").then(|| KvSelect::parse(mode, 2).unwrap());
-            min_budget(&m, &o, prompt_tokens + n_gen)
+            common::min_budget(
+                &m.gguf,
+                &EngineOptions {
+                    ctx: Some(prompt_tokens + n_gen),
+                    ..o.clone()
+                },
+            )
         })
         .max()
         .unwrap();

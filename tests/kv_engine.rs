@@ -100,18 +100,6 @@ fn run(e: &mut Engine, p: &[u32], n: usize) -> (Vec<f32>, Vec<u32>, Vec<Vec<f32>
     (first, ids, steps)
 }
 
-fn min_budget(gguf: &Arc<GgufFile>, o: &EngineOptions) -> u64 {
-    let mut t = o.clone();
-    t.gpu.budget = Some(1024);
-    match Engine::new(gguf.clone(), &t) {
-        Err(EngineError::Placement(flashlm::engine::PlacementError::TooSmall {
-            minimum, ..
-        })) => minimum,
-        Err(e) => panic!("expected a too-small budget, got {e}"),
-        Ok(_) => panic!("1 KiB accepted"),
-    }
-}
-
 #[test]
 fn paged_exact_equals_contiguous_every_page_size_budget_and_io_mode() {
     if common::gpu().is_none() {
@@ -127,7 +115,7 @@ fn paged_exact_equals_contiguous_every_page_size_budget_and_io_mode() {
     drop(contiguous);
     for page in [1u32, 16, 64] {
         let base = opts(None, page, &dir);
-        let min = min_budget(&gguf, &base);
+        let min = common::min_budget(&gguf, &base);
         for budget in [None, Some(min), Some(min + 150_000)] {
             for mode in [IoMode::Mmap, IoMode::Direct] {
                 let o = EngineOptions {
@@ -177,7 +165,7 @@ fn two_part_stream_pool_equals_contiguous() {
     o.ctx = Some(1024);
     let want = run(&mut engine(&gguf, &path, &o, IoMode::Mmap), &p, 20);
     o.kv_page = Some(16);
-    let min = min_budget(&gguf, &o);
+    let min = common::min_budget(&gguf, &o);
     // With more room the stream pool grows for decode rounds longer than a prefill batch's
     // (the decode row's partials take the batch's room): same bits either way.
     // The smallest budget (in steps of 25 kB) at which they do, found from the plans.
@@ -233,7 +221,7 @@ fn kv_pages_written_once_per_full_page() {
     let dir = scratch("wear");
     let (gguf, path) = model(&dir);
     let base = opts(None, 16, &dir);
-    let min = min_budget(&gguf, &base);
+    let min = common::min_budget(&gguf, &base);
     let o = EngineOptions {
         gpu: GpuOptions {
             budget: Some(min),
@@ -270,7 +258,7 @@ fn page_selection_keeping_every_page_equals_exact() {
         let mut base = opts(None, 16, &dir);
         // The budget of the largest configuration (page summaries take device memory).
         base.kv_select = Some(KvSelect::parse("quest-lag:1", 0).unwrap());
-        let budget = budget_min.then(|| min_budget(&gguf, &base));
+        let budget = budget_min.then(|| common::min_budget(&gguf, &base));
         let mk = |sel: Option<&str>| {
             let mut o = base.clone();
             o.gpu.budget = budget;
@@ -307,7 +295,7 @@ fn rewind_brings_the_window_back_from_flash() {
     let base = opts(None, 16, &dir);
     let o = EngineOptions {
         gpu: GpuOptions {
-            budget: Some(min_budget(&gguf, &base)),
+            budget: Some(common::min_budget(&gguf, &base)),
             ..Default::default()
         },
         ..base
@@ -356,7 +344,7 @@ fn session_resumes_to_the_uninterrupted_ids_and_rejects_mismatches() {
         let base = opts(None, 16, &dir);
         let o = EngineOptions {
             gpu: GpuOptions {
-                budget: streams.then(|| min_budget(&gguf, &base)),
+                budget: streams.then(|| common::min_budget(&gguf, &base)),
                 ..Default::default()
             },
             ..base.clone()
@@ -394,7 +382,7 @@ fn session_resumes_to_the_uninterrupted_ids_and_rejects_mismatches() {
         assert_eq!(got, want, "streams={streams}: resumed ids differ");
         // Another page size is another layout: refused, naming it.
         let mut other = opts(None, 32, &dir);
-        other.gpu.budget = streams.then(|| min_budget(&gguf, &other));
+        other.gpu.budget = streams.then(|| common::min_budget(&gguf, &other));
         let mut c = engine(&gguf, &path, &other, IoMode::Mmap);
         let err = c.resume(&s, &second).unwrap_err();
         assert!(
@@ -425,7 +413,7 @@ fn quest_resumed_from_an_exact_session_decodes_as_if_it_had_prefilled() {
     for streams in [false, true] {
         let mut base = opts(None, 16, &dir);
         base.kv_select = Some(KvSelect::parse("quest:2", 0).unwrap());
-        let budget = streams.then(|| min_budget(&gguf, &base));
+        let budget = streams.then(|| common::min_budget(&gguf, &base));
         let mk = |sel: Option<&str>| {
             let mut o = base.clone();
             o.gpu.budget = budget;
@@ -476,7 +464,7 @@ fn lagged_selection_reads_ahead_the_pages_the_previous_scores_chose() {
     let p = prompt(120, 5);
     let mut base = opts(None, 16, &dir);
     base.kv_select = Some(KvSelect::parse("quest-lag:2", 1).unwrap());
-    let min = min_budget(&gguf, &base);
+    let min = common::min_budget(&gguf, &base);
     let mut runs = Vec::new();
     for budget in [None, Some(min)] {
         let mut o = base.clone();
@@ -541,7 +529,7 @@ fn chosen_pages_are_read_before_the_next_layers_weights() {
     let mut o = opts(None, 16, &dir);
     o.kv_select = Some(KvSelect::parse("quest:2", 1).unwrap());
     o.trace = true;
-    o.gpu.budget = Some(min_budget(&gguf, &o));
+    o.gpu.budget = Some(common::min_budget(&gguf, &o));
     let mut e = engine(&gguf, &path, &o, IoMode::Direct);
     assert!(
         e.placement.streaming && e.plan.kv.streams,
@@ -620,7 +608,7 @@ fn plan_sizes_are_allocated_exactly() {
             let mut base = opts(None, page, &dir);
             base.kv_select = sel.map(|s| KvSelect::parse(s, 1).unwrap());
             base.logit_rows = 4;
-            let min = min_budget(&gguf, &base);
+            let min = common::min_budget(&gguf, &base);
             for budget in [Some(min), Some(min + 100_000), Some(min + 2_000_000), None] {
                 let mut o = base.clone();
                 o.gpu.budget = budget;

@@ -6,7 +6,7 @@ mod common;
 
 use std::sync::Arc;
 
-use flashlm::engine::{Engine, EngineError, EngineOptions, PlacementError};
+use flashlm::engine::{Engine, EngineOptions};
 use flashlm::gguf::{GgmlType, GgufFile};
 use flashlm::gpu::GpuOptions;
 use flashlm::model::reference::argmax;
@@ -64,12 +64,8 @@ fn the_next_passs_first_layers_are_queued_before_the_logits_come_back() {
         untied_output: true,
     };
     let gguf = Arc::new(GgufFile::from_bytes(synthetic_llama(&spec, 31)).unwrap());
-    let mut o = opts(Some(1024));
-    let min = match Engine::new(gguf.clone(), &o) {
-        Err(EngineError::Placement(PlacementError::TooSmall { minimum, .. })) => minimum,
-        Err(e) => panic!("expected a too-small budget error, got {e}"),
-        Ok(_) => panic!("a 1 KiB budget was accepted"),
-    };
+    let mut o = opts(None);
+    let min = common::min_budget(&gguf, &o);
     let prompt = [4, 77, 12, 230, 9];
     let steps = 6;
     let (want, _) = decode(&gguf, &opts(None), &prompt, steps);

@@ -4,7 +4,7 @@ mod common;
 
 use std::sync::Arc;
 
-use flashlm::engine::{Engine, EngineError, EngineOptions, PlacementError, ResidentSpec};
+use flashlm::engine::{Engine, EngineOptions, ResidentSpec};
 use flashlm::gguf::{GgmlType, GgufFile};
 use flashlm::gpu::GpuOptions;
 use flashlm::model::synthetic::{SyntheticSpec, synthetic_llama};
@@ -22,17 +22,6 @@ fn opts(budget: Option<u64>, ctx: usize) -> EngineOptions {
         ring_chunk: 8192,
         head_chunk: Some(16384),
         ..Default::default()
-    }
-}
-
-/// The smallest budget the engine accepts for these options.
-fn minimum_budget(gguf: &Arc<GgufFile>, base: &EngineOptions) -> u64 {
-    let mut o = base.clone();
-    o.gpu.budget = Some(1024);
-    match Engine::new(gguf.clone(), &o) {
-        Err(EngineError::Placement(PlacementError::TooSmall { minimum, .. })) => minimum,
-        Err(e) => panic!("expected a too-small budget error, got {e}"),
-        Ok(_) => panic!("a 1 KiB budget was accepted"),
     }
 }
 
@@ -58,7 +47,7 @@ fn check_budgets(gguf: Arc<GgufFile>, prompt: &[u32], n: usize, ctx: usize, extr
     let all = resident.placement.total;
     drop(resident);
 
-    let min = minimum_budget(&gguf, &opts(None, ctx));
+    let min = common::min_budget(&gguf, &opts(None, ctx));
     assert!(
         min < all,
         "streaming minimum {min} should be below all-resident {all}"
@@ -128,7 +117,7 @@ fn budget_below_minimum_states_the_minimum() {
     }
     let spec = SyntheticSpec::tiny(GgmlType::Q8_0);
     let gguf = Arc::new(GgufFile::from_bytes(synthetic_llama(&spec, 1)).unwrap());
-    let min = minimum_budget(&gguf, &opts(None, 16));
+    let min = common::min_budget(&gguf, &opts(None, 16));
     let err = Engine::new(gguf.clone(), &opts(Some(min - 1), 16))
         .err()
         .expect("a budget one byte under the minimum must fail")
@@ -192,7 +181,7 @@ mod flash_modes {
         let mut resident = Engine::new(gguf.clone(), &opts(None, 16)).unwrap();
         let (want_ids, want_logits) = run(&mut resident, &prompt, 3);
         drop(resident);
-        let min = minimum_budget(&gguf, &opts(None, 16));
+        let min = common::min_budget(&gguf, &opts(None, 16));
         for mode in [IoMode::Direct, IoMode::Mmap] {
             let Some(src) = source(&path, mode) else {
                 continue;
@@ -337,7 +326,7 @@ fn synthetic_every_budget_both_io_modes() {
     let (want_ids, want_logits) = run(&mut resident, &prompt, 5);
     let all = resident.placement.total;
     drop(resident);
-    let min = minimum_budget(&gguf, &opts(None, 24));
+    let min = common::min_budget(&gguf, &opts(None, 24));
     for mode in [IoMode::Direct, IoMode::Mmap] {
         for budget in [min, (min + all) / 2, all] {
             let file = match FlashFile::open(
@@ -535,7 +524,7 @@ fn automatic_ring_shrinks_to_fit_a_tight_budget() {
     let (want, _) = run(&mut resident, &prompt, 5);
     drop(resident);
     // The three-slot minimum: an automatic ring (a whole layer of slots) does not fit it.
-    let min = minimum_budget(&gguf, &opts(None, 32));
+    let min = common::min_budget(&gguf, &opts(None, 32));
     let mut auto = opts(Some(min), 32);
     auto.ring_slots = 0;
     let mut e = Engine::new(gguf.clone(), &auto).unwrap();

@@ -156,3 +156,19 @@ pub fn calibration(direct_gb_s: f64, mmap_gb_s: f64) -> flashlm::plan::perf::Cal
         probe: None,
     }
 }
+
+/// The smallest device budget the engine accepts for the model `gguf` under the options `o`
+/// (found by offering 1 KiB and reading the minimum from the placement error).
+pub fn min_budget(
+    gguf: &std::sync::Arc<flashlm::gguf::GgufFile>,
+    o: &flashlm::engine::EngineOptions,
+) -> u64 {
+    use flashlm::engine::{Engine, EngineError, PlacementError};
+    let mut t = o.clone();
+    t.gpu.budget = Some(1024);
+    match Engine::new(gguf.clone(), &t) {
+        Err(EngineError::Placement(PlacementError::TooSmall { minimum, .. })) => minimum,
+        Err(e) => panic!("expected a too-small budget error, got {e}"),
+        Ok(_) => panic!("a 1 KiB budget was accepted"),
+    }
+}
