@@ -171,8 +171,15 @@ pub fn run(model: &LoadedModel, gpu: &GpuOptions) -> BenchResult<Calibration> {
     let empty = vec![kernels::empty_dispatch(&ctx, &s, &a, &b)?];
     let dispatch_s = time_list(&ctx, &empty, 1, 2000)? / 2000.0;
     let sync_s = (round_trip_s(&ctx, &empty, &b)? - dispatch_s).max(0.0);
-    let attn_gb_s = attention_rate(&ctx, &model.cfg, 1, 2048)?;
-    let prefill_attn_gb_s = attention_rate(&ctx, &model.cfg, 64, 2048)?;
+    // Attention's rates move by tens of percent from one timing to the next on a shared
+    // machine (and take no in-pass factor): medians of 7 timings each, in turns.
+    let (mut decode_attn, mut prefill_attn) = (Vec::new(), Vec::new());
+    for _ in 0..7 {
+        decode_attn.push(attention_rate(&ctx, &model.cfg, 1, 2048)?);
+        prefill_attn.push(attention_rate(&ctx, &model.cfg, 64, 2048)?);
+    }
+    let attn_gb_s = median(&mut decode_attn);
+    let prefill_attn_gb_s = median(&mut prefill_attn);
     eprintln!(
         "dispatch {:.1} µs, host round trip {:.1} µs, attention {attn_gb_s:.2} GB/s of KV (decode), {prefill_attn_gb_s:.2} GB/s over the rows of a 64-row prefill",
         dispatch_s * 1e6,
@@ -312,22 +319,25 @@ fn calibration_engine(
 }
 
 /// The in-pass compute scale: a resident run's measured ms/token over what `cal`'s kernel
-/// rates add up to for its work `w` (1 when either is missing), and that sum in ms.
+/// rates add up to for its work `w`, attention taken off both (1 when either is missing), and
+/// that sum (attention included) in ms.
 fn fitted_scale(cal: &Calibration, w: &TokenWork, measured_ms: f64) -> (f64, f64) {
     let mut at_rates = cal.clone();
     at_rates.compute_scale = 1.0;
     at_rates.compute_points.clear();
     let kernels_ms = crate::plan::perf::predict_token(&at_rates, w).compute_ms;
-    if kernels_ms > 0.0 && measured_ms > 0.0 {
-        (measured_ms / kernels_ms, kernels_ms)
+    // The factor is not put on attention: the run's attention at its rate comes off both.
+    let attn_ms = crate::plan::perf::attention_s(cal, w) * 1e3;
+    if kernels_ms > attn_ms && measured_ms > attn_ms {
+        ((measured_ms - attn_ms) / (kernels_ms - attn_ms), kernels_ms)
     } else {
         (1.0, kernels_ms)
     }
 }
 
 /// The prefill's in-pass factor on a resident engine's model: its measured time to first token
-/// for a prompt of `prompt` tokens over what `cal`'s prefill rates add up to for it (1 when
-/// either is missing), at the weight bytes of the model's decode step.
+/// for a prompt of `prompt` tokens over what `cal`'s prefill rates add up to for it, attention
+/// taken off both (1 when either is missing), at the weight bytes of the model's decode step.
 fn fitted_prefill_point(
     cal: &Calibration,
     resident: &Engine,
@@ -338,8 +348,10 @@ fn fitted_prefill_point(
     at_rates.prefill_scale = 1.0;
     at_rates.prefill_points.clear();
     let kernels_ms = resident.predict(&at_rates, 0, prompt, 0.0).1;
-    let scale = if kernels_ms > 0.0 && measured_ms > 0.0 {
-        measured_ms / kernels_ms
+    let attn_ms =
+        crate::plan::perf::prefill_attention_ms(cal, &resident.token_work(0.0), 0, prompt);
+    let scale = if kernels_ms > attn_ms && measured_ms > attn_ms {
+        (measured_ms - attn_ms) / (kernels_ms - attn_ms)
     } else {
         1.0
     };

@@ -239,9 +239,10 @@ fn one() -> f64 {
 }
 
 impl Calibration {
-    /// These constants carried to the machine's speed of `now`: the in-pass compute factor
-    /// times the resident decode's slowdown since the calibration's probe (the kernel rates
-    /// stay as measured; only the factor the pass puts on them moves), and every flash rate
+    /// These constants carried to the machine's speed of `now`: the in-pass compute factors
+    /// times the resident decode's slowdown since the calibration's probe (the matrix rates
+    /// stay as measured; only the factor the pass puts on them moves), the attention rates
+    /// (which take no factor) divided by it, and every flash rate
     /// times the read speed's change at the nearer of the probe's two piece sizes (in log2).
     /// Unchanged when the calibration has no probe of its own.
     pub fn rescaled(&self, now: &Probe) -> Calibration {
@@ -252,6 +253,8 @@ impl Calibration {
         let slowdown = probe_ratio(now.resident_ms, then.resident_ms);
         c.compute_scale = self.compute_scale * slowdown;
         c.prefill_scale = self.prefill_scale * slowdown;
+        c.attn_gb_s = self.attn_gb_s / slowdown;
+        c.prefill_attn_gb_s = self.prefill_attn_gb_s / slowdown;
         for p in c
             .prefill_points
             .iter_mut()
@@ -655,8 +658,14 @@ pub(crate) mod tests {
         c.probe = Some(then.clone());
         let r = c.rescaled(&now);
         // Resident decode 1.5x slower: the factor 0.8 becomes 1.2 (the prefill's 0.6, 0.9);
-        // kernel rates stay.
+        // matrix rates stay; attention, which takes no factor, runs at 1 / 1.5 of its rates.
         assert!((r.compute_scale - 1.2).abs() < 1e-12, "{}", r.compute_scale);
+        assert!(
+            (r.attn_gb_s - c.attn_gb_s / 1.5).abs() < 1e-12,
+            "{}",
+            r.attn_gb_s
+        );
+        assert!((r.prefill_attn() - c.prefill_attn() / 1.5).abs() < 1e-12);
         assert!((r.prefill_scale - 0.9).abs() < 1e-12, "{}", r.prefill_scale);
         assert!((r.prefill_points[0].scale - 0.6).abs() < 1e-12);
         assert_eq!(r.matvec_gb_s, c.matvec_gb_s);

@@ -2,9 +2,11 @@
 //! constants (`flashlm calibrate`).
 //!
 //! Per decoded token:
-//! - compute C = Σ over the matrix products of (weight bytes ÷ the kernel's GB/s for that type
-//!   and shape, timed with the weights coming from memory rather than the caches, as in a pass)
-//!   + dispatches × the cost of one dispatch + attended KV bytes ÷ the attention kernel's GB/s;
+//! - compute C = (Σ over the matrix products of weight bytes ÷ the kernel's GB/s for that type
+//!   and shape, timed with the weights coming from memory rather than the caches, as in a pass,
+//!   plus dispatches × the cost of one dispatch) × the in-pass factor calibration measured on
+//!   resident runs, plus attended KV bytes ÷ the attention kernel's GB/s (no factor: the runs
+//!   the factor is fitted on attend to a few dozen tokens);
 //! - weight I/O W = streamed weight bytes not held in the host cache ÷ the flash rate of the I/O
 //!   mode, + streamed bytes ÷ the upload rate (the copy from staging memory to the device), +
 //!   the bytes the host cache serves ÷ the host copy rate (copied into a slot or staging);
@@ -26,7 +28,7 @@
 //!
 //! Prefill of a prompt of n tokens in batches of b: each batch pays its compute (prefill kernel
 //! rates, per token, times the prefill's in-pass factor measured like the decode's, on models of
-//! two sizes and taken at the size of the model's decode step) and, when
+//! two sizes and taken at the size of the model's decode step; attention at its own rate) and, when
 //! weights stream, a full pass of weight I/O; TTFT adds one decode step's head.
 
 use serde::Serialize;
@@ -58,9 +60,9 @@ pub struct Prediction {
 pub fn predict_token(c: &Calibration, w: &TokenWork) -> Prediction {
     let compute_s = (c.products_s(&w.matrices, false)
         + c.products_s(&[w.head.matrix()], false)
-        + w.dispatches as f64 * c.dispatch_s
-        + w.attn_bytes as f64 / (c.attn_gb_s.max(1e-6) * 1e9))
-        * c.compute_factor_for(pass_bytes(w));
+        + w.dispatches as f64 * c.dispatch_s)
+        * c.compute_factor_for(pass_bytes(w))
+        + attention_s(c, w);
     let flash = c.flash_gb_s(&w.mode, w.piece, w.threads).max(1e-6) * 1e9;
     let up = c.upload_gb_s.max(1e-6) * 1e9;
     let weight_s = w.weight_flash_bytes as f64 / flash
@@ -97,6 +99,14 @@ pub fn predict_token(c: &Calibration, w: &TokenWork) -> Prediction {
     }
 }
 
+/// Seconds of a decode step's attention over its KV bytes at the calibrated attention rate.
+/// The in-pass factors are not put on it: they are fitted to passes whose time is their matrix
+/// products (short contexts), while the attention rate is timed over KV coming from memory, as
+/// in a pass over a long context.
+pub fn attention_s(c: &Calibration, w: &TokenWork) -> f64 {
+    w.attn_bytes as f64 / (c.attn_gb_s.max(1e-6) * 1e9)
+}
+
 /// Weight bytes of the matrices of one decode step (the head aside): the size the in-pass
 /// factors are measured and taken at.
 pub fn pass_bytes(w: &TokenWork) -> u64 {
@@ -118,14 +128,16 @@ fn kv_flash_rate(c: &Calibration, w: &TokenWork, flash: f64) -> f64 {
 fn stages(c: &Calibration, w: &TokenWork, flash: f64, kv_flash: f64, up: f64) -> Vec<Stage> {
     let n_layers = w.stages.iter().filter(|s| s.pool == 0).count().max(1) as f64;
     let factor = c.compute_factor_for(pass_bytes(w));
-    let spread = (w.dispatches as f64 * c.dispatch_s
-        + w.attn_bytes as f64 / (c.attn_gb_s.max(1e-6) * 1e9))
-        / n_layers;
+    let dispatches = w.dispatches as f64 * c.dispatch_s / n_layers;
+    let attention = attention_s(c, w) / n_layers;
     w.stages
         .iter()
         .map(|s| Stage {
-            compute_s: (c.products_s(&s.matrices, false) + if s.pool == 0 { spread } else { 0.0 })
-                * factor,
+            compute_s: if s.pool == 0 {
+                (c.products_s(&s.matrices, false) + dispatches) * factor + attention
+            } else {
+                c.products_s(&s.matrices, false) * factor
+            },
             // The I/O thread's host copies run between its reads.
             read_s: s.flash_bytes / flash
                 + s.kv_flash_bytes / kv_flash
@@ -140,8 +152,9 @@ fn stages(c: &Calibration, w: &TokenWork, flash: f64, kv_flash: f64, up: f64) ->
 
 /// Milliseconds of prefill for `n` tokens after `past` cached ones, in batches of `batch` (the
 /// time to first token: the last batch's logits give the first generated token). Each batch
-/// computes its tokens through the layers at the prefill rates, each row's attention over the
-/// tokens before it at the attention rate, and, when weights stream, pays the layers' weight
+/// computes its tokens through the layers at the prefill rates (times the prefill's in-pass
+/// factor), each row's attention over the tokens before it at the attention rate (no factor:
+/// see [`attention_s`]), and, when weights stream, pays the layers' weight
 /// I/O; the output head runs once, for the last token (at the decode rate), and streams only
 /// then. (KV pages read back during a long prefill are not counted.)
 pub fn predict_prefill(c: &Calibration, w: &TokenWork, past: usize, n: usize, batch: usize) -> f64 {
@@ -177,14 +190,22 @@ pub fn predict_prefill(c: &Calibration, w: &TokenWork, past: usize, n: usize, ba
         let keys = t as f64 * before + (t * (t + 1) / 2) as f64;
         before += t as f64;
         let compute = (per_token_compute * t as f64
-            + keys * attn
             + w.dispatches as f64 * c.dispatch_s
             + if last { head_compute } else { 0.0 })
-            * factor;
+            * factor
+            + keys * attn;
         let io = io_pass + if last { head_io } else { 0.0 };
         total += compute.max(io) + beta * compute.min(io);
     }
     total * 1e3
+}
+
+/// Milliseconds of attention in [`predict_prefill`]'s prefill of `n` tokens after `past`
+/// cached ones (the part its in-pass factor is not put on).
+pub fn prefill_attention_ms(c: &Calibration, w: &TokenWork, past: usize, n: usize) -> f64 {
+    // Rows past+1 ..= past+n each attend to every token up to themselves, whatever the batches.
+    let keys = n as f64 * past as f64 + (n * (n + 1) / 2) as f64;
+    keys * w.kv_bytes_per_key as f64 / (c.prefill_attn().max(1e-6) * 1e9) * 1e3
 }
 
 #[cfg(test)]
@@ -256,15 +277,16 @@ mod tests {
         assert!((p.weight_io_ms - 48.0).abs() < 1e-9, "{p:?}");
         assert!((p.kv_io_ms - 2.6).abs() < 1e-9, "{p:?}");
         assert!((p.ms_per_token - 94.65).abs() < 1e-9, "{p:?}");
-        // A pass whose kernels run 1.5x slower in place: compute 123 ms, I/O hidden behind it.
+        // A pass whose matrix products and dispatches run 1.5x slower in place: compute
+        // 80 x 1.5 + 2 (attention takes no factor) = 122 ms, I/O hidden behind it.
         let slow = Calibration {
             compute_scale: 1.5,
             ..cal()
         };
         let p = predict_token(&slow, &w);
-        assert!((p.compute_ms - 123.0).abs() < 1e-9, "{p:?}");
+        assert!((p.compute_ms - 122.0).abs() < 1e-9, "{p:?}");
         assert!(
-            (p.ms_per_token - (123.0 + 0.25 * 50.6)).abs() < 1e-9,
+            (p.ms_per_token - (122.0 + 0.25 * 50.6)).abs() < 1e-9,
             "{p:?}"
         );
         // Measured on two model sizes: this work's 80 MB decode step takes the factor measured
@@ -284,7 +306,7 @@ mod tests {
             ..cal()
         };
         let p = predict_token(&sized, &w);
-        assert!((p.compute_ms - 123.0).abs() < 1e-9, "{p:?}");
+        assert!((p.compute_ms - 122.0).abs() < 1e-9, "{p:?}");
         assert!((sized.compute_factor_for(8_000_000) - 0.5).abs() < 1e-12);
         // Out-of-range factors are clamped; nonsense ones ignored.
         for (k, f) in [(100.0, 4.0), (0.0, 1.0), (f64::NAN, 1.0), (-2.0, 1.0)] {
@@ -345,6 +367,17 @@ mod tests {
         };
         let ms = predict_prefill(&quick, &w, 0, 100, 64);
         assert!((ms - 534.0).abs() < 1e-6, "{ms}");
+        // With 40 kB of KV a key, attended at 4 GB/s and not halved: batch 1's rows attend
+        // 64 x 65 / 2 = 2080 keys (20.8 ms), batch 2's 36 x 64 + 36 x 37 / 2 = 2970 (29.7 ms):
+        // 345.8 + 12 + 214.7 + 12 = 584.5 ms, 50.5 ms of it attention.
+        let attending = TokenWork {
+            kv_bytes_per_key: 40_000,
+            ..w.clone()
+        };
+        let ms = predict_prefill(&quick, &attending, 0, 100, 64);
+        assert!((ms - 584.5).abs() < 1e-6, "{ms}");
+        let attn = prefill_attention_ms(&quick, &attending, 0, 100);
+        assert!((attn - 50.5).abs() < 1e-9, "{attn}");
         // Measured on two models, the factor of the nearer size in log terms: this work's
         // 80 MB decode step lies past the larger model's 40 MB, whose factor (0.5) holds.
         let sized = Calibration {
