@@ -24,6 +24,7 @@ use crate::gpu::{GpuContext, GpuOptions};
 use crate::kernels;
 use crate::model::LoadedModel;
 use crate::model::synthetic::SyntheticSpec;
+use crate::plan::history::Entry;
 use crate::plan::perf::{
     Calibration, FlashRate, MAX_MEASURED_ROWS, OverlapPoint, Prediction, PrefillPoint, TokenWork,
 };
@@ -72,8 +73,10 @@ fn interleaved_medians(
         .collect())
 }
 
-/// Measure everything; `model` supplies the shapes and the file to read.
-pub fn run(model: &LoadedModel, gpu: &GpuOptions) -> BenchResult<Calibration> {
+/// Measure everything; `model` supplies the shapes and the file to read. Stamped with the
+/// time and the machine's speed while it was measured (the resident decode the compute factor
+/// was fitted on), for [`crate::plan::history`].
+pub fn run(model: &LoadedModel, gpu: &GpuOptions) -> BenchResult<Entry> {
     // Flash: the bench io sweep over 32 MiB, with the staging ring for the upload rate.
     eprintln!("flash reads (cold page cache)...");
     let io = super::io::run(&super::io::IoBenchOptions {
@@ -224,6 +227,7 @@ pub fn run(model: &LoadedModel, gpu: &GpuOptions) -> BenchResult<Calibration> {
     let mut streamed = calibration_engine(model, gpu, Some("none"))?;
     let mut medians = interleaved_medians(&mut [&mut resident, &mut streamed], &prompt, &mut sm)?;
     let (st_r, st) = (medians.remove(0), medians.remove(0));
+    let resident_ms = st_r.ms_per_token;
     let (scale, kernels_ms) = fitted_scale(
         &cal,
         &resident.token_work(st_r.selection_reuse),
@@ -275,7 +279,15 @@ pub fn run(model: &LoadedModel, gpu: &GpuOptions) -> BenchResult<Calibration> {
         probe.resident_ms, probe.flash_small_gb_s, probe.flash_large_gb_s
     );
     cal.probe = Some(probe);
-    Ok(cal)
+    let at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    Ok(Entry {
+        at,
+        resident_ms,
+        calibration: cal,
+    })
 }
 
 /// GB/s of one thread copying 32 MiB between host buffers (both touched first), median of 5.

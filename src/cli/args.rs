@@ -44,11 +44,18 @@ pub enum Command {
         model: Option<PathBuf>,
     },
     /// Measure this machine's constants for the performance model (flash, upload, kernel and
-    /// attention rates, dispatch cost, overlap) and save them to the cache directory.
+    /// attention rates, dispatch cost, overlap) and save them to the cache directory. The last
+    /// five calibrations of the adapter and model (within a day) are kept, and the one saved for
+    /// predictions is the one measured at their median machine speed, so that one calibration
+    /// caught in a slow or fast stretch of a shared machine does not set every prediction.
     Calibrate {
         /// The model whose shapes and file are measured (default: the default model).
         #[arg(long, short = 'm')]
         model: Option<PathBuf>,
+        /// Forget the earlier calibrations: save this one alone (after a change to the
+        /// machine, its drivers or flashlm).
+        #[arg(long)]
+        fresh: bool,
     },
     /// Print the placement, prefetch depth, ring size and I/O mode a run would choose and its
     /// predicted ms/token (compute, weight I/O, KV I/O) and time to first token, from the

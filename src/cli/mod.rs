@@ -28,6 +28,7 @@ use crate::model::chat::ChatTemplate;
 use crate::model::{LoadedModel, load_model};
 use crate::paths;
 use crate::plan::KvSelect;
+use crate::plan::history::History;
 use crate::plan::perf::Calibration;
 
 pub(crate) type CliResult<T> = Result<T, Box<dyn std::error::Error>>;
@@ -193,7 +194,7 @@ pub fn main_with(cli: Cli) -> CliResult<()> {
         Some(Command::Info { path, model }) => {
             info(&resolve_model(&path.clone().or_else(|| model.clone()))?)
         }
-        Some(Command::Calibrate { model }) => {
+        Some(Command::Calibrate { model, fresh }) => {
             let path = resolve_model(model)?;
             let m = load_model(&path)?;
             let gpu = GpuOptions {
@@ -202,11 +203,30 @@ pub fn main_with(cli: Cli) -> CliResult<()> {
                 budget: None,
                 matmul_layout: None,
             };
-            let cal = crate::bench::calibrate::run(&m, &gpu)?;
+            let measured = crate::bench::calibrate::run(&m, &gpu)?;
+            let hp = History::path();
+            let mut history = if *fresh {
+                History::default()
+            } else {
+                History::load(&hp).unwrap_or_else(|e| {
+                    eprintln!("warning: {e}; the calibration history starts again");
+                    History::default()
+                })
+            };
+            history.push(measured.clone());
+            history.save(&hp)?;
+            let saved = history
+                .median()
+                .cloned()
+                .unwrap_or_else(|| measured.clone());
             let p = Calibration::path();
-            cal.save(&p)?;
-            println!("{}", cal.to_markdown());
-            eprintln!("saved to {}", p.display());
+            saved.calibration.save(&p)?;
+            println!("{}", measured.calibration.to_markdown());
+            println!("{}", history.describe(&saved));
+            if saved.at != measured.at {
+                println!("\n{}", saved.calibration.to_markdown());
+            }
+            eprintln!("saved to {} (history: {})", p.display(), hp.display());
             Ok(())
         }
         Some(Command::Plan {

@@ -15,6 +15,7 @@
 
 pub mod calibration;
 pub mod choose;
+pub mod history;
 pub mod hitrate;
 pub mod hitrate_sim;
 pub mod kvplan;
