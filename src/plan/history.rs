@@ -114,6 +114,12 @@ impl History {
             .iter()
             .map(|e| format!("{:.1} ({})", e.resident_ms, e.time_of_day()))
             .collect();
+        if self.entries.len() <= 1 {
+            return format!(
+                "Saved for predictions: this calibration, the first of this adapter and model in the history (resident decode while it fitted its compute factor, ms/token: {}).",
+                all.join(", ")
+            );
+        }
         format!(
             "Saved for predictions: the calibration of {} UTC{}, the median by machine speed of the last {} of this adapter and model (resident decode while each fitted its compute factor, ms/token: {}).",
             saved.time_of_day(),
@@ -205,6 +211,13 @@ mod tests {
         assert_eq!(back, h);
         assert_eq!(back.entries[0].time_of_day(), "13:07");
         assert!(back.describe(&back.entries[0]).contains("80.0 (13:07)"));
+        assert!(back.describe(&back.entries[0]).contains("the first"));
+        h.push(entry(86_400 + 3_600 * 14, 90.0, "a"));
+        let d = h.describe(h.median().unwrap());
+        assert!(
+            d.contains("13:07 UTC (below)") && d.contains("last 2"),
+            "{d}"
+        );
         std::fs::write(&p, b"{not json").unwrap();
         assert!(History::load(&p).is_err());
         let _ = std::fs::remove_dir_all(&dir);
