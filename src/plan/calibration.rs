@@ -234,6 +234,18 @@ fn bounded_factor(k: f64) -> f64 {
     }
 }
 
+/// Write `value` as pretty JSON to `path` through a temporary file beside it (a reader never
+/// sees half a file), creating the directory.
+pub(super) fn save_json<T: Serialize>(value: &T, path: &Path) -> Result<(), String> {
+    if let Some(d) = path.parent() {
+        std::fs::create_dir_all(d).map_err(|e| e.to_string())?;
+    }
+    let tmp = path.with_extension("json.tmp");
+    let text = serde_json::to_string_pretty(value).map_err(|e| e.to_string())?;
+    std::fs::write(&tmp, text).map_err(|e| format!("writing {}: {e}", tmp.display()))?;
+    std::fs::rename(&tmp, path).map_err(|e| format!("writing {}: {e}", path.display()))
+}
+
 fn one() -> f64 {
     1.0
 }
@@ -423,13 +435,7 @@ impl Calibration {
     }
 
     pub fn save(&self, path: &Path) -> Result<(), String> {
-        if let Some(d) = path.parent() {
-            std::fs::create_dir_all(d).map_err(|e| e.to_string())?;
-        }
-        let tmp = path.with_extension("json.tmp");
-        let text = serde_json::to_string_pretty(self).map_err(|e| e.to_string())?;
-        std::fs::write(&tmp, text).map_err(|e| format!("writing {}: {e}", tmp.display()))?;
-        std::fs::rename(&tmp, path).map_err(|e| format!("writing {}: {e}", path.display()))
+        save_json(self, path)
     }
 
     /// Seconds to copy `bytes` in host memory (0 when the copy rate was not measured).

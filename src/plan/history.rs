@@ -65,13 +65,7 @@ impl History {
     }
 
     pub fn save(&self, path: &Path) -> Result<(), String> {
-        if let Some(d) = path.parent() {
-            std::fs::create_dir_all(d).map_err(|e| e.to_string())?;
-        }
-        let tmp = path.with_extension("json.tmp");
-        let text = serde_json::to_string_pretty(self).map_err(|e| e.to_string())?;
-        std::fs::write(&tmp, text).map_err(|e| format!("writing {}: {e}", tmp.display()))?;
-        std::fs::rename(&tmp, path).map_err(|e| format!("writing {}: {e}", path.display()))
+        super::calibration::save_json(self, path)
     }
 
     /// Add `e` as the newest, keeping the last [`KEEP`] calibrations of its adapter and model
