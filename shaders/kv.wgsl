@@ -99,9 +99,16 @@ fn page_meta(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) w
 #endif
 
 #ifdef SCORE
+// VEC4 (head_dim a multiple of 4): q and the summaries read four channels a load; a CPU
+// rasterizer gathers each lane's loads one by one, so this takes a quarter of the loads.
 @group(0) @binding(2) var<storage, read> table: array<u32>;
+#ifdef VEC4
+@group(0) @binding(3) var<storage, read> q: array<vec4<f32>>;
+@group(0) @binding(4) var<storage, read> pmeta: array<vec4<f32>>;
+#else
 @group(0) @binding(3) var<storage, read> q: array<f32>;
 @group(0) @binding(4) var<storage, read> pmeta: array<f32>;
+#endif
 @group(0) @binding(5) var<storage, read_write> scores: array<f32>;
 
 @compute @workgroup_size(64)
@@ -114,6 +121,17 @@ fn score(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     let hd = p.head_dim;
     let kvh = h / (p.n_heads / p.n_kv_heads);
+#ifdef VEC4
+    let qb = h * hd / 4u;
+    let lo = ((2u * page) * p.kv_dim + kvh * hd) / 4u;
+    let hi = lo + p.kv_dim / 4u;
+    var s4 = vec4<f32>(0.0);
+    for (var d = 0u; d < hd / 4u; d++) {
+        let qd = q[qb + d];
+        s4 += max(qd * pmeta[lo + d], qd * pmeta[hi + d]);
+    }
+    let s = (s4.x + s4.y) + (s4.z + s4.w);
+#else
     let qb = h * hd;
     let lo = (2u * page) * p.kv_dim + kvh * hd;
     let hi = (2u * page + 1u) * p.kv_dim + kvh * hd;
@@ -122,6 +140,7 @@ fn score(@builtin(global_invocation_id) gid: vec3<u32>) {
         let qd = q[qb + d];
         s += max(qd * pmeta[lo + d], qd * pmeta[hi + d]);
     }
+#endif
     scores[page * p.n_heads + h] = s;
 }
 #endif

@@ -329,10 +329,11 @@ fn attention_cases(ctx: &GpuContext, lanes: bool, tiled: bool) {
 fn store_meta_and_score_kernels() {
     let Some(ctx) = common::gpu() else { return };
     let mut rng = Rng(77);
-    let (nh, nkv, hd, page) = (6usize, 2usize, 16usize, 8u32);
-    let kv_dim = nkv * hd;
+    let (nh, nkv, page) = (6usize, 2usize, 8u32);
     let p = page as usize;
-    for f16 in [false, true] {
+    // Head dims a multiple of 4 (the scores read vec4s) and not.
+    for (hd, f16) in [(16usize, false), (16, true), (6, false), (6, true)] {
+        let kv_dim = nkv * hd;
         let shape = KvShape {
             n_heads: nh as u32,
             n_kv_heads: nkv as u32,
@@ -392,7 +393,7 @@ fn store_meta_and_score_kernels() {
                 assert_eq!(
                     at(base + j),
                     round(ks[t * kv_dim + j]),
-                    "f16={f16} K row {t}"
+                    "hd={hd} f16={f16} K row {t}"
                 );
                 assert_eq!(at(base + p * kv_dim + j), round(vs[t * kv_dim + j]));
             }
@@ -439,7 +440,11 @@ fn store_meta_and_score_kernels() {
                     (qd * mm[kvh * hd + d]).max(qd * mm[kv_dim + kvh * hd + d])
                 })
                 .sum();
-            assert!((scores[h] - bound).abs() <= 1e-5 * bound.abs().max(1.0));
+            assert!(
+                (scores[h] - bound).abs() <= 1e-5 * bound.abs().max(1.0),
+                "hd={hd} head {h}: {} against {bound}",
+                scores[h]
+            );
             // An upper bound of every key's score.
             for k in &keys {
                 let s: f32 = (0..hd).map(|d| q[h * hd + d] * k[kvh * hd + d]).sum();

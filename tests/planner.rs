@@ -16,7 +16,7 @@ use flashlm::gpu::GpuOptions;
 use flashlm::model::config::ModelConfig;
 use flashlm::model::synthetic::{SyntheticSpec, synthetic_llama};
 use flashlm::plan::choose::{Space, choose, placement_summary};
-use flashlm::plan::perf::{Calibration, FlashRate, RunIo, predict_token, token_work};
+use flashlm::plan::perf::{Calibration, FlashRate, RunIo, SelectCost, predict_token, token_work};
 use flashlm::plan::{ExecPlan, KvSelect, PlanOptions, ResidentSpec, SelectSpec};
 use flashlm::sampling::{Sampler, SamplerParams};
 
@@ -487,6 +487,24 @@ fn selecting_layers_wait_for_their_page_scores() {
     );
     assert!(
         (b.ms_per_token - a.ms_per_token - 1.0).abs() < 1e-9,
+        "{a:?} {b:?}"
+    );
+    // The four selecting layers score the 62 full pages of 1000 tokens (exact attention
+    // scores none); a measured cost of 10 µs a layer and 1 µs a page adds 4 × (10 + 62) µs
+    // of compute.
+    assert_eq!((qw.select_layers, qw.select_pages), (4, 4 * 62));
+    let exact = token_work(&plan_with(None), 1000, &io, 0.5);
+    assert_eq!((exact.select_layers, exact.select_pages), (0, 0));
+    let priced = Calibration {
+        select: Some(SelectCost {
+            layer_s: 10e-6,
+            page_s: 1e-6,
+        }),
+        ..cal(0.0)
+    };
+    let (a, b) = (predict_token(&cal(0.0), &qw), predict_token(&priced, &qw));
+    assert!(
+        (b.compute_ms - a.compute_ms - 0.288).abs() < 1e-9,
         "{a:?} {b:?}"
     );
 }

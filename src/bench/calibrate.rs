@@ -26,14 +26,15 @@ use crate::model::LoadedModel;
 use crate::model::synthetic::SyntheticSpec;
 use crate::plan::history::Entry;
 use crate::plan::perf::{
-    Calibration, FlashRate, MAX_MEASURED_ROWS, OverlapPoint, Prediction, PrefillPoint, TokenWork,
+    Calibration, FlashRate, MAX_MEASURED_ROWS, OverlapPoint, Prediction, PrefillPoint, SelectCost,
+    TokenWork,
 };
 use crate::sampling::{Sampler, SamplerParams};
 
 mod rates;
 
-pub use rates::attention_rate;
 use rates::{SYNTHETIC_SHAPES, matmul_rates, point, round_trip_s, step, time_list};
+pub use rates::{attention_rate, select_layer_s};
 
 type BenchResult<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -188,6 +189,12 @@ pub fn run(model: &LoadedModel, gpu: &GpuOptions) -> BenchResult<Entry> {
         dispatch_s * 1e6,
         sync_s * 1e6
     );
+    let select = select_cost(&ctx, &model.cfg, dispatch_s)?;
+    eprintln!(
+        "page selection: {:.1} µs a selecting layer beyond its two dispatches + {:.2} µs a page scored",
+        select.layer_s * 1e6,
+        select.page_s * 1e6
+    );
     drop(ctx);
     // In-pass compute, then overlap: short resident runs, and streamed runs under a budget
     // that streams every layer (medians, after a warm-up run).
@@ -203,6 +210,7 @@ pub fn run(model: &LoadedModel, gpu: &GpuOptions) -> BenchResult<Entry> {
         sync_s,
         attn_gb_s,
         prefill_attn_gb_s,
+        select: Some(select),
         overlap_beta: 0.0,
         overlap_points: Vec::new(),
         compute_scale: 1.0,
@@ -287,6 +295,29 @@ pub fn run(model: &LoadedModel, gpu: &GpuOptions) -> BenchResult<Entry> {
         at,
         resident_ms,
         calibration: cal,
+    })
+}
+
+/// Page selection's cost in one selecting layer: its kernels timed at a few and at many pages
+/// (medians of 5 timings each, in turns), split into a part per page and a fixed part beyond
+/// the two dispatches already priced; neither below 0.
+fn select_cost(
+    ctx: &GpuContext,
+    cfg: &crate::model::config::ModelConfig,
+    dispatch_s: f64,
+) -> BenchResult<SelectCost> {
+    const FEW: u32 = 16;
+    const MANY: u32 = 256;
+    let (mut few, mut many) = (Vec::new(), Vec::new());
+    for _ in 0..5 {
+        few.push(select_layer_s(ctx, cfg, FEW)?);
+        many.push(select_layer_s(ctx, cfg, MANY)?);
+    }
+    let (few, many) = (median(&mut few), median(&mut many));
+    let page_s = ((many - few) / (MANY - FEW) as f64).max(0.0);
+    Ok(SelectCost {
+        layer_s: (few - FEW as f64 * page_s - 2.0 * dispatch_s).max(0.0),
+        page_s,
     })
 }
 

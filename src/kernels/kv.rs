@@ -483,7 +483,10 @@ pub fn page_score(
     max_pages: u32,
 ) -> Result<Dispatch, KernelError> {
     s.check("page_score")?;
-    let defines = Defines::new().flag("SCORE");
+    let mut defines = Defines::new().flag("SCORE");
+    if s.head_dim.is_multiple_of(4) {
+        defines = defines.flag("VEC4");
+    }
     let pipeline = ctx.pipelines.get(&ctx.device, "kv", "score", &defines)?;
     let params = params_buffer(ctx, "page score params", &kv_params(s, 0))?;
     Ok(make_dispatch(

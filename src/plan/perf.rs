@@ -6,7 +6,8 @@
 //!   and shape, timed with the weights coming from memory rather than the caches, as in a pass,
 //!   plus dispatches × the cost of one dispatch) × the in-pass factor calibration measured on
 //!   resident runs, plus attended KV bytes ÷ the attention kernel's GB/s (no factor: the runs
-//!   the factor is fitted on attend to a few dozen tokens);
+//!   the factor is fitted on attend to a few dozen tokens), plus page selection's kernels in
+//!   each selecting layer beyond their dispatches (a cost per layer and per page scored);
 //! - weight I/O W = streamed weight bytes not held in the host cache ÷ the flash rate of the I/O
 //!   mode, + streamed bytes ÷ the upload rate (the copy from staging memory to the device), +
 //!   the bytes the host cache serves ÷ the host copy rate (copied into a slot or staging);
@@ -35,7 +36,7 @@ use serde::Serialize;
 
 pub use super::calibration::{
     Calibration, DeviceFacts, FlashRate, MAX_MEASURED_ROWS, MatmulPoint, OverlapPoint,
-    PROBE_LARGE_PIECE, PROBE_SMALL_PIECE, PrefillPoint, Probe,
+    PROBE_LARGE_PIECE, PROBE_SMALL_PIECE, PrefillPoint, Probe, SelectCost,
 };
 use super::pipeline::{Stage, simulate_steady};
 pub use super::work::{
@@ -62,7 +63,8 @@ pub fn predict_token(c: &Calibration, w: &TokenWork) -> Prediction {
         + c.products_s(&[w.head.matrix()], false)
         + w.dispatches as f64 * c.dispatch_s)
         * c.compute_factor_for(pass_bytes(w))
-        + attention_s(c, w);
+        + attention_s(c, w)
+        + selection_s(c, w);
     let flash = c.flash_gb_s(&w.mode, w.piece, w.threads).max(1e-6) * 1e9;
     let up = c.upload_gb_s.max(1e-6) * 1e9;
     let weight_s = w.weight_flash_bytes as f64 / flash
@@ -107,6 +109,14 @@ pub fn attention_s(c: &Calibration, w: &TokenWork) -> f64 {
     w.attn_bytes as f64 / (c.attn_gb_s.max(1e-6) * 1e9)
 }
 
+/// Seconds of page selection's kernels in a decode step beyond their dispatches (the page
+/// summaries and scores of every selecting layer), at their calibrated cost and, like
+/// attention, without the in-pass factor (0 where the calibration did not measure them).
+pub fn selection_s(c: &Calibration, w: &TokenWork) -> f64 {
+    c.select
+        .map_or(0.0, |s| s.seconds(w.select_layers, w.select_pages))
+}
+
 /// Weight bytes of the matrices of one decode step (the head aside): the size the in-pass
 /// factors are measured and taken at.
 pub fn pass_bytes(w: &TokenWork) -> u64 {
@@ -129,7 +139,7 @@ fn stages(c: &Calibration, w: &TokenWork, flash: f64, kv_flash: f64, up: f64) ->
     let n_layers = w.stages.iter().filter(|s| s.pool == 0).count().max(1) as f64;
     let factor = c.compute_factor_for(pass_bytes(w));
     let dispatches = w.dispatches as f64 * c.dispatch_s / n_layers;
-    let attention = attention_s(c, w) / n_layers;
+    let attention = (attention_s(c, w) + selection_s(c, w)) / n_layers;
     w.stages
         .iter()
         .map(|s| Stage {
@@ -353,6 +363,26 @@ mod tests {
         assert!((p.ms_per_token - 108.65).abs() < 1e-9, "{p:?}");
         // Without a measured round trip (an older profile) they cost nothing.
         assert!((predict_token(&cal(), &selecting).ms_per_token - 94.65).abs() < 1e-9);
+        // Their page summaries and scores: 28 layers of 50 µs + 28 × 34 pages of 2.5 µs =
+        // 1.4 + 2.38 ms of compute, not scaled by the in-pass factor, hidden like the rest:
+        // compute 85.78 ms, T = 85.78 + 0.25 × 50.6 = 98.43 ms (+ the 14 ms of waits).
+        let scoring = TokenWork {
+            select_layers: 28,
+            select_pages: 28 * 34,
+            ..selecting.clone()
+        };
+        let priced = Calibration {
+            select: Some(SelectCost {
+                layer_s: 50e-6,
+                page_s: 2.5e-6,
+            }),
+            ..c.clone()
+        };
+        let p = predict_token(&priced, &scoring);
+        assert!((p.compute_ms - 85.78).abs() < 1e-9, "{p:?}");
+        assert!((p.ms_per_token - 112.43).abs() < 1e-9, "{p:?}");
+        // Unmeasured (an older profile): priced as their dispatches only.
+        assert!((predict_token(&c, &scoring).ms_per_token - 108.65).abs() < 1e-9);
         // Prefill: 100 tokens in batches of 64: per token 60 MB / 8 GB/s + 20 MB / Q8_0
         // (unmeasured for prefill: the slowest measured, 8) = 10 ms; batch 1: 640 ms + 10 ms
         // of dispatches vs 48 ms of I/O: 650 + 12 = 662; batch 2: 360 + 10 = 370 + 12 = 382.

@@ -18,6 +18,9 @@ pub struct TokenWork {
     pub syncs: u64,
     /// KV bytes attention reads (all layers).
     pub attn_bytes: u64,
+    /// Layers that score pages to select them, and the pages they score (summed over them).
+    pub select_layers: u64,
+    pub select_pages: u64,
     /// Streamed weight bytes read from flash (after the host cache), and uploaded.
     pub weight_flash_bytes: u64,
     pub weight_upload_bytes: u64,
@@ -278,10 +281,12 @@ pub fn token_work(plan: &ExecPlan, n_past: usize, io: &RunIo, reuse: f64) -> Tok
         rounds
     };
     let mut dispatches = 0u64;
+    let mut select_layers = 0u64;
     for (l, &d) in plan.layer_dispatches.iter().enumerate() {
         dispatches += d + rounds + merges;
         if kv.selects_layer(l) {
             dispatches += 2;
+            select_layers += 1;
         }
     }
     dispatches += 1 + if plan.placement.head_resident {
@@ -399,6 +404,9 @@ pub fn token_work(plan: &ExecPlan, n_past: usize, io: &RunIo, reuse: f64) -> Tok
         dispatches,
         syncs,
         attn_bytes,
+        select_layers,
+        // The scores cover the full pages.
+        select_pages: select_layers * (n / kv.page_tokens.max(1) as u64),
         weight_flash_bytes: streamed.saturating_sub(io.dram),
         weight_upload_bytes: if io.in_place { 0 } else { streamed },
         kv_flash_bytes: p.flash_bytes_per_token,

@@ -146,6 +146,7 @@ pub fn calibration(direct_gb_s: f64, mmap_gb_s: f64) -> flashlm::plan::perf::Cal
         sync_s: 0.0,
         attn_gb_s: 1.0,
         prefill_attn_gb_s: 0.0,
+        select: None,
         overlap_beta: 0.3,
         overlap_points: Vec::new(),
         compute_scale: 1.0,

@@ -266,3 +266,49 @@ pub fn attention_rate(
     let bytes = attended as f64 * kv_dim as f64 * 2.0 * 2.0;
     Ok(bytes * (reps * copies as usize) as f64 / t / 1e9)
 }
+
+/// Seconds of page selection's kernels in one selecting layer of a decode step: the page
+/// summaries (no page filled: every workgroup returns at once, as on most tokens) and the
+/// scores of `pages` pages (f16 pages of 64 tokens). Timed over enough copies of the page
+/// summaries (each its own buffer) that they come from memory, as in a pass.
+pub fn select_layer_s(
+    ctx: &GpuContext,
+    cfg: &crate::model::config::ModelConfig,
+    pages: u32,
+) -> BenchResult<f64> {
+    let shape = KvShape {
+        n_heads: cfg.n_heads as u32,
+        n_kv_heads: cfg.n_kv_heads as u32,
+        head_dim: cfg.head_dim as u32,
+        page_tokens: 64,
+        f16: true,
+        table_base: 0,
+        seq_stride: 4 + 2 * pages,
+        round_splits: 1,
+        scale: 0.0,
+        softcap: 0.0,
+        window: 0,
+    };
+    let kv_dim = shape.kv_dim() as u64;
+    let meta_bytes = pages as u64 * 2 * kv_dim * 4;
+    let copies = COLD_BYTES.div_ceil(meta_bytes.max(1)).clamp(1, 256) as usize;
+    let s = step(ctx, 1)?;
+    let pool = ctx.storage("pool", shape.page_elems() as u64 * 2)?;
+    // Job count 0; room for the two jobs a decode step lists.
+    let jobs = ctx.storage_with("jobs", bytemuck::cast_slice(&[0u32; 12]))?;
+    let table = ctx.storage_with("table", bytemuck::cast_slice(&[0u32, 0, 0, pages]))?;
+    let q = ctx.storage("q", (cfg.n_heads * cfg.head_dim * 4) as u64)?;
+    let scores = ctx.storage("scores", pages as u64 * cfg.n_heads as u64 * 4)?;
+    let metas = (0..copies)
+        .map(|_| ctx.storage("meta", meta_bytes))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut list = Vec::with_capacity(2 * copies);
+    for meta in &metas {
+        list.push(kernels::page_meta(ctx, &s, &jobs, &pool, meta, &shape, 2)?);
+        list.push(kernels::page_score(
+            ctx, &s, &table, &q, meta, &scores, &shape, pages,
+        )?);
+    }
+    let reps = 64usize.div_ceil(copies).max(2);
+    Ok(time_list(ctx, &list, 1, reps)? / (reps * copies) as f64)
+}
