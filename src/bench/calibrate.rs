@@ -212,6 +212,7 @@ pub fn run(model: &LoadedModel, gpu: &GpuOptions) -> BenchResult<Entry> {
         prefill_attn_gb_s,
         select: Some(select),
         overlap_beta: 0.0,
+        copy_beta: 0.0,
         overlap_points: Vec::new(),
         compute_scale: 1.0,
         prefill_scale: 1.0,
@@ -231,10 +232,15 @@ pub fn run(model: &LoadedModel, gpu: &GpuOptions) -> BenchResult<Entry> {
     });
     // In-pass compute: a resident run (no I/O) against what the kernel rates add up to for
     // its pass; then the overlap, from a fully streamed run in the same turns.
-    let mut resident = calibration_engine(model, gpu, None)?;
-    let mut streamed = calibration_engine(model, gpu, Some("none"))?;
-    let mut medians = interleaved_medians(&mut [&mut resident, &mut streamed], &prompt, &mut sm)?;
-    let (st_r, st) = (medians.remove(0), medians.remove(0));
+    let mut resident = calibration_engine(model, gpu, None, false)?;
+    let mut streamed = calibration_engine(model, gpu, Some("none"), false)?;
+    let mut cached = calibration_engine(model, gpu, Some("none"), true)?;
+    let mut medians = interleaved_medians(
+        &mut [&mut resident, &mut streamed, &mut cached],
+        &prompt,
+        &mut sm,
+    )?;
+    let (st_r, st, st_c) = (medians.remove(0), medians.remove(0), medians.remove(0));
     let resident_ms = st_r.ms_per_token;
     let (scale, kernels_ms) = fitted_scale(
         &cal,
@@ -273,6 +279,17 @@ pub fn run(model: &LoadedModel, gpu: &GpuOptions) -> BenchResult<Entry> {
         beta: cal.overlap_beta,
     };
     drop(streamed);
+    // The host copies' share: the same run with every streamed weight byte in the host cache.
+    cal.copy_beta = 0.0;
+    let wc = cached.token_work(st_c.selection_reuse);
+    let hidden = crate::plan::perf::predict_token(&cal, &wc);
+    let copy_ms = crate::plan::perf::copy_s(&cal, &wc, wc.kv_serial_share) * 1e3;
+    cal.copy_beta = fitted_copy_beta(hidden.ms_per_token, st_c.ms_per_token, copy_ms);
+    eprintln!(
+        "host copies: streamed from the host cache {:.1} ms/token, predicted with the copies hidden {:.1} ms, copies {copy_ms:.1} ms: share {:.2}",
+        st_c.ms_per_token, hidden.ms_per_token, cal.copy_beta
+    );
+    drop(cached);
     // The overlap again on layers of a 7B model's order of size (a synthetic model in the
     // cache directory, written once): how much a pass hides changes with what a layer costs.
     let (big, big_compute, big_prefill) = big_overlap_point(&cal, gpu, &prompt, &mut sm)?;
@@ -338,11 +355,13 @@ fn host_copy_rate() -> f64 {
 }
 
 /// An engine over `model` for the calibration's runs (`resident`: a `--resident` spec; None:
-/// the default placement).
+/// the default placement), a 256-token context; with `cache_weights`, a host cache holding
+/// every weight byte that streams.
 fn calibration_engine(
     model: &LoadedModel,
     gpu: &GpuOptions,
     resident: Option<&str>,
+    cache_weights: bool,
 ) -> BenchResult<Engine> {
     let mut o = EngineOptions {
         gpu: gpu.clone(),
@@ -353,10 +372,18 @@ fn calibration_engine(
         o.resident =
             crate::plan::ResidentSpec::parse(r, model.cfg.n_layers).map_err(|e| e.to_string())?;
     }
+    let dram = if cache_weights {
+        // The plan with no host cache says what streams.
+        let file = FlashFile::open(&model.path, ReaderOptions::default())?;
+        let e = Engine::with_source(model.gguf.clone(), Arc::new(FlashSource::new(file, 0)), &o)?;
+        crate::plan::perf::streamed_weight_bytes(&e.plan)
+    } else {
+        0
+    };
     let file = FlashFile::open(&model.path, ReaderOptions::default())?;
     Ok(Engine::with_source(
         model.gguf.clone(),
-        Arc::new(FlashSource::new(file, 0)),
+        Arc::new(FlashSource::new(file, dram)),
         &o,
     )?)
 }
@@ -413,6 +440,16 @@ fn fitted_prefill_point(
 
 /// β: the share of the time the pipeline simulation hides (perfect overlap) that a measured
 /// token of `measured_ms` did not hide.
+/// The unhidden share of `copy_ms` of host copies: what a run measured beyond its prediction
+/// with the copies hidden, over them (0 to 1; 0 without copies).
+fn fitted_copy_beta(hidden_ms: f64, measured_ms: f64, copy_ms: f64) -> f64 {
+    if copy_ms > 0.0 {
+        ((measured_ms - hidden_ms) / copy_ms).clamp(0.0, 1.0)
+    } else {
+        0.0
+    }
+}
+
 fn fitted_beta(pred: &Prediction, measured_ms: f64) -> f64 {
     if pred.overlapped_ms > 0.0 {
         ((measured_ms - pred.pipelined_ms) / pred.overlapped_ms).clamp(0.0, 1.0)
@@ -448,8 +485,8 @@ fn big_overlap_point(
     let path = crate::paths::cache_dir().join("calibration-overlap.gguf");
     super::s3::ensure_model(&path, &spec)?;
     let model = crate::model::load_model(&path)?;
-    let mut resident = calibration_engine(&model, gpu, Some("all"))?;
-    let mut streamed = calibration_engine(&model, gpu, Some("none"))?;
+    let mut resident = calibration_engine(&model, gpu, Some("all"), false)?;
+    let mut streamed = calibration_engine(&model, gpu, Some("none"), false)?;
     let prompt: Vec<u32> = prompt
         .iter()
         .map(|&t| t % model.cfg.vocab_size as u32)

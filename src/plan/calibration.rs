@@ -53,6 +53,13 @@ pub struct Calibration {
     /// Overlap of compute and I/O in the pipeline (0 perfect, 1 none), on the calibrated
     /// model.
     pub overlap_beta: f64,
+    /// The unhidden share of the I/O thread's host memory copies (0: hidden behind compute
+    /// like reads, 1: added to the token whole), measured on a streamed run whose host cache
+    /// holds every streamed weight byte. Where the device computes on the host's cores (a CPU
+    /// rasterizer) a copy takes a core the kernels run on. 0 in profiles from before it was
+    /// measured.
+    #[serde(default)]
+    pub copy_beta: f64,
     /// The overlap measured on streamed layers of several sizes (empty in profiles from
     /// before: `overlap_beta` holds for every size).
     #[serde(default)]
@@ -418,7 +425,7 @@ impl Calibration {
             }
         }
         s.push_str(&format!(
-            "| host memory copy | {} |\n| dispatch | {:.1} µs each |\n| host round trip (submit, map, wait) | {:.1} µs |\n| attention, decode | {:.3} GB/s of KV |\n| attention, prefill | {:.3} GB/s of KV over the rows |\n| page selection, a selecting layer beyond its dispatches | {} |\n| unhidden share of the overlap (β) | {} |\n| decode pass in place of its kernels (resident run ÷ the rates above) | {} |\n| prefill in place of its kernels (resident time to first token ÷ the rates above) | {} |\n",
+            "| host memory copy | {} |\n| dispatch | {:.1} µs each |\n| host round trip (submit, map, wait) | {:.1} µs |\n| attention, decode | {:.3} GB/s of KV |\n| attention, prefill | {:.3} GB/s of KV over the rows |\n| page selection, a selecting layer beyond its dispatches | {} |\n| unhidden share of the overlap (β) | {} |\n| unhidden share of host memory copies | {:.2} |\n| decode pass in place of its kernels (resident run ÷ the rates above) | {} |\n| prefill in place of its kernels (resident time to first token ÷ the rates above) | {} |\n",
             if self.host_copy_gb_s > 0.0 {
                 format!("{:.2} GB/s", self.host_copy_gb_s)
             } else {
@@ -446,6 +453,7 @@ impl Calibration {
                     .collect::<Vec<_>>()
                     .join(", ")
             },
+            self.copy_beta,
             factors(&self.compute_points, self.compute_factor()),
             factors(&self.prefill_points, self.prefill_factor()),
         ));

@@ -21,7 +21,9 @@
 //!   overlap, 1: none) is measured by calibration from streamed runs of two layer sizes and
 //!   taken at the size of the plan's streamed layers; with page selection, the pages a layer
 //!   reads only once it has chosen them (neither prefetched nor cached) count with K − K₁, and
-//!   each selecting layer adds one host round trip (its page scores read back first);
+//!   each selecting layer adds one host round trip (its page scores read back first); a
+//!   calibrated share of the host copies is added unhidden (on a CPU rasterizer a copy takes
+//!   a core the kernels run on);
 //!   reads go through the staging ring one slot at a time (pieces of at most a slot), and a
 //!   ring smaller than a layer holds reads back until the device frees its slots. The pipeline
 //!   is simulated pass after pass (`pipeline::simulate_steady`): a decode step's first layers
@@ -90,7 +92,12 @@ pub fn predict_token(c: &Calibration, w: &TokenWork) -> Prediction {
     // What overlap does not hide on this machine (calibrated).
     // KV rounds after a layer's first wait for their pages: not hidden.
     // A layer waiting for its page scores stops the pipeline: not hidden either.
-    let t = pipelined + beta * overlapped + kv_s * serial + w.syncs as f64 * c.sync_s;
+    // The share of the host copies that takes the cores compute needs (calibrated).
+    let t = pipelined
+        + beta * overlapped
+        + kv_s * serial
+        + w.syncs as f64 * c.sync_s
+        + c.copy_beta.clamp(0.0, 1.0) * copy_s(c, w, serial);
     Prediction {
         compute_ms: compute_s * 1e3,
         weight_io_ms: weight_s * 1e3,
@@ -99,6 +106,13 @@ pub fn predict_token(c: &Calibration, w: &TokenWork) -> Prediction {
         pipelined_ms: pipelined * 1e3,
         overlapped_ms: overlapped * 1e3,
     }
+}
+
+/// Seconds of the I/O thread's host copies in a decode step that run beside compute: the
+/// streamed weight bytes the host cache serves, and the KV copies outside the share `serial`
+/// that waits for attention (already added whole).
+pub fn copy_s(c: &Calibration, w: &TokenWork, serial: f64) -> f64 {
+    c.host_copy_s(w.weight_copy_bytes) + c.host_copy_s(w.kv_copy_bytes) * (1.0 - serial)
 }
 
 /// Seconds of a decode step's attention over its KV bytes at the calibrated attention rate.
@@ -383,6 +397,29 @@ mod tests {
         assert!((p.ms_per_token - 112.43).abs() < 1e-9, "{p:?}");
         // Unmeasured (an older profile): priced as their dispatches only.
         assert!((predict_token(&c, &scoring).ms_per_token - 108.65).abs() < 1e-9);
+        // Host copies: 40 MB of weights from the host cache at 10 GB/s (4 ms) and 10 MB of KV
+        // (1 ms), half of the KV I/O waiting for attention: 4.5 ms run beside compute, of
+        // which a copy share of 0.5 adds 2.25 ms to the token whatever the rest hides.
+        let copying = TokenWork {
+            weight_copy_bytes: 40e6,
+            kv_copy_bytes: 10e6,
+            kv_serial_share: 0.5,
+            ..w.clone()
+        };
+        let hidden = Calibration {
+            host_copy_gb_s: 10.0,
+            ..cal()
+        };
+        let shared = Calibration {
+            copy_beta: 0.5,
+            ..hidden.clone()
+        };
+        assert!((copy_s(&hidden, &copying, 0.5) - 4.5e-3).abs() < 1e-12);
+        let (a, b) = (
+            predict_token(&hidden, &copying),
+            predict_token(&shared, &copying),
+        );
+        assert!((b.ms_per_token - a.ms_per_token - 2.25).abs() < 1e-9, "{a:?} {b:?}");
         // Prefill: 100 tokens in batches of 64: per token 60 MB / 8 GB/s + 20 MB / Q8_0
         // (unmeasured for prefill: the slowest measured, 8) = 10 ms; batch 1: 640 ms + 10 ms
         // of dispatches vs 48 ms of I/O: 650 + 12 = 662; batch 2: 360 + 10 = 370 + 12 = 382.

@@ -148,6 +148,7 @@ pub fn calibration(direct_gb_s: f64, mmap_gb_s: f64) -> flashlm::plan::perf::Cal
         prefill_attn_gb_s: 0.0,
         select: None,
         overlap_beta: 0.3,
+        copy_beta: 0.0,
         overlap_points: Vec::new(),
         compute_scale: 1.0,
         prefill_scale: 1.0,

@@ -28,6 +28,7 @@ pub(crate) fn cal() -> Calibration {
         prefill_attn_gb_s: 0.0,
         select: None,
         overlap_beta: 0.25,
+        copy_beta: 0.0,
         overlap_points: Vec::new(),
         compute_scale: 1.0,
         prefill_scale: 1.0,
