@@ -473,7 +473,7 @@ fn selecting_layers_wait_for_their_page_scores() {
     let qw = token_work(&quest, 1000, &io, 0.5);
     assert!(lw.kv_serial_share <= qw.kv_serial_share);
     assert_eq!(lw.kv_upload_bytes, qw.kv_upload_bytes);
-    // Each round trip is priced unhidden.
+    // Each wait adds its time as compute (this pass is bound by it).
     let cal = |sync_s| hand_calibration(vec![rate("direct", 1 << 20, 4, 1.0)], sync_s);
     let w = token_work(&quest, 1000, &io, 0.5);
     let (a, b) = (predict_token(&cal(0.0), &w), predict_token(&cal(1e-3), &w));

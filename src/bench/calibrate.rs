@@ -232,15 +232,23 @@ pub fn run(model: &LoadedModel, gpu: &GpuOptions) -> BenchResult<Entry> {
     });
     // In-pass compute: a resident run (no I/O) against what the kernel rates add up to for
     // its pass; then the overlap, from a fully streamed run in the same turns.
+    // Besides: the streamed run served by the host cache (its copies), and a resident run with
+    // page selection on pages small enough to leave pages out (its waits for the scores).
     let mut resident = calibration_engine(model, gpu, None, false)?;
     let mut streamed = calibration_engine(model, gpu, Some("none"), false)?;
     let mut cached = calibration_engine(model, gpu, Some("none"), true)?;
+    let mut selecting = selecting_engine(model, gpu)?;
     let mut medians = interleaved_medians(
-        &mut [&mut resident, &mut streamed, &mut cached],
+        &mut [&mut resident, &mut streamed, &mut cached, &mut selecting],
         &prompt,
         &mut sm,
     )?;
-    let (st_r, st, st_c) = (medians.remove(0), medians.remove(0), medians.remove(0));
+    let (st_r, st, st_c, st_s) = (
+        medians.remove(0),
+        medians.remove(0),
+        medians.remove(0),
+        medians.remove(0),
+    );
     let resident_ms = st_r.ms_per_token;
     let (scale, kernels_ms) = fitted_scale(
         &cal,
@@ -258,6 +266,21 @@ pub fn run(model: &LoadedModel, gpu: &GpuOptions) -> BenchResult<Entry> {
         st_r.ms_per_token,
         cal.compute_factor()
     );
+    // A selecting layer's wait for its page scores inside a pass: what the selecting run
+    // took beyond its prediction with the bare round trip, per wait (at least that).
+    let ws = selecting.token_work(st_s.selection_reuse);
+    let bare = cal.sync_s;
+    let p = crate::plan::perf::predict_token(&cal, &ws);
+    cal.sync_s = fitted_sync_s(bare, p.ms_per_token, st_s.ms_per_token, ws.syncs);
+    eprintln!(
+        "page selection in a pass: resident run {:.1} ms/token, predicted {:.1} with {} waits of a bare round trip ({:.1} µs): {:.1} µs a wait",
+        st_s.ms_per_token,
+        p.ms_per_token,
+        ws.syncs,
+        bare * 1e6,
+        cal.sync_s * 1e6
+    );
+    drop(selecting);
     let small_prefill = fitted_prefill_point(&cal, &resident, prompt.len(), st_r.ttft_ms);
     cal.prefill_scale = small_prefill.scale;
     drop(resident);
@@ -440,6 +463,36 @@ fn fitted_prefill_point(
 
 /// β: the share of the time the pipeline simulation hides (perfect overlap) that a measured
 /// token of `measured_ms` did not hide.
+/// Seconds of one wait for page scores in a pass: the bare round trip `bare_s` plus what a run
+/// measured beyond its prediction with bare waits, shared over its `syncs` waits; never below
+/// the bare round trip (`bare_s` without waits).
+fn fitted_sync_s(bare_s: f64, predicted_ms: f64, measured_ms: f64, syncs: u64) -> f64 {
+    if syncs == 0 {
+        return bare_s;
+    }
+    (bare_s + (measured_ms - predicted_ms) / 1e3 / syncs as f64).max(bare_s)
+}
+
+/// A resident engine on the calibrated model that selects a quarter of its pages (the first
+/// two layers dense) in 4-token pages and batches of 8 (so that the recent window a batch
+/// needs is 3 pages), so that the calibration's short prompt leaves pages out.
+fn selecting_engine(model: &LoadedModel, gpu: &GpuOptions) -> BenchResult<Engine> {
+    let o = EngineOptions {
+        gpu: gpu.clone(),
+        ctx: Some(256),
+        ubatch: 8,
+        kv_page: Some(4),
+        kv_select: Some(crate::plan::KvSelect::parse("quest:25%", 2)?),
+        ..Default::default()
+    };
+    let file = FlashFile::open(&model.path, ReaderOptions::default())?;
+    Ok(Engine::with_source(
+        model.gguf.clone(),
+        Arc::new(FlashSource::new(file, 0)),
+        &o,
+    )?)
+}
+
 /// The unhidden share of `copy_ms` of host copies: what a run measured beyond its prediction
 /// with the copies hidden, over them (0 to 1; 0 without copies).
 fn fitted_copy_beta(hidden_ms: f64, measured_ms: f64, copy_ms: f64) -> f64 {
@@ -525,4 +578,23 @@ fn big_overlap_point(
         compute,
         prefill,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fits_of_the_waits_and_the_copies() {
+        // 28 waits; a run 14 ms over its prediction with 50 µs waits: 550 µs a wait.
+        assert!((fitted_sync_s(50e-6, 100.0, 114.0, 28) - 550e-6).abs() < 1e-12);
+        // Faster than predicted: never below the bare round trip; no waits: the bare one.
+        assert_eq!(fitted_sync_s(50e-6, 100.0, 90.0, 28), 50e-6);
+        assert_eq!(fitted_sync_s(50e-6, 100.0, 114.0, 0), 50e-6);
+        // 4 ms over with 8 ms of copies: half unhidden; held to 0..1; no copies: 0.
+        assert!((fitted_copy_beta(40.0, 44.0, 8.0) - 0.5).abs() < 1e-12);
+        assert_eq!(fitted_copy_beta(40.0, 60.0, 8.0), 1.0);
+        assert_eq!(fitted_copy_beta(40.0, 30.0, 8.0), 0.0);
+        assert_eq!(fitted_copy_beta(40.0, 60.0, 0.0), 0.0);
+    }
 }

@@ -33,9 +33,11 @@ pub struct Calibration {
     pub matmul_points: Vec<MatmulPoint>,
     /// Seconds per dispatch (launch cost).
     pub dispatch_s: f64,
-    /// Seconds of one host round trip beyond its dispatch: a submission with one dispatch and a
-    /// copy into a mappable buffer, mapped and waited for (a selecting layer's page scores). 0
-    /// in profiles from before it was measured.
+    /// Seconds a pass loses at one wait for a selecting layer's page scores: at least one host
+    /// round trip beyond its dispatch (a submission with one dispatch and a copy into a
+    /// mappable buffer, mapped and waited for), and what a resident run with page selection
+    /// took beyond its prediction, per wait, where more (the device idles while the host ranks
+    /// the pages and submits the rest of the layer). 0 in profiles from before it was measured.
     #[serde(default)]
     pub sync_s: f64,
     /// Attention: KV bytes read per second (decode: one row).

@@ -21,7 +21,8 @@
 //!   overlap, 1: none) is measured by calibration from streamed runs of two layer sizes and
 //!   taken at the size of the plan's streamed layers; with page selection, the pages a layer
 //!   reads only once it has chosen them (neither prefetched nor cached) count with K − K₁, and
-//!   each selecting layer adds one host round trip (its page scores read back first); a
+//!   each selecting layer's wait for its page scores (read back first; the device idles until
+//!   the host has chosen the pages and submitted the rest of the layer) counts as compute; a
 //!   calibrated share of the host copies is added unhidden (on a CPU rasterizer a copy takes
 //!   a core the kernels run on);
 //!   reads go through the staging ring one slot at a time (pieces of at most a slot), and a
@@ -66,7 +67,8 @@ pub fn predict_token(c: &Calibration, w: &TokenWork) -> Prediction {
         + w.dispatches as f64 * c.dispatch_s)
         * c.compute_factor_for(pass_bytes(w))
         + attention_s(c, w)
-        + selection_s(c, w);
+        + selection_s(c, w)
+        + waits_s(c, w);
     let flash = c.flash_gb_s(&w.mode, w.piece, w.threads).max(1e-6) * 1e9;
     let up = c.upload_gb_s.max(1e-6) * 1e9;
     let weight_s = w.weight_flash_bytes as f64 / flash
@@ -96,7 +98,6 @@ pub fn predict_token(c: &Calibration, w: &TokenWork) -> Prediction {
     let t = pipelined
         + beta * overlapped
         + kv_s * serial
-        + w.syncs as f64 * c.sync_s
         + c.copy_beta.clamp(0.0, 1.0) * copy_s(c, w, serial);
     Prediction {
         compute_ms: compute_s * 1e3,
@@ -106,6 +107,13 @@ pub fn predict_token(c: &Calibration, w: &TokenWork) -> Prediction {
         pipelined_ms: pipelined * 1e3,
         overlapped_ms: overlapped * 1e3,
     }
+}
+
+/// Seconds a decode step's compute waits for page scores: the device idles from each wait's
+/// submission until the host has ranked the pages and submitted the rest of its layer, while
+/// the I/O thread reads on (so it counts as compute, hidden where I/O is longer).
+pub fn waits_s(c: &Calibration, w: &TokenWork) -> f64 {
+    w.syncs as f64 * c.sync_s
 }
 
 /// Seconds of the I/O thread's host copies in a decode step that run beside compute: the
@@ -153,7 +161,7 @@ fn stages(c: &Calibration, w: &TokenWork, flash: f64, kv_flash: f64, up: f64) ->
     let n_layers = w.stages.iter().filter(|s| s.pool == 0).count().max(1) as f64;
     let factor = c.compute_factor_for(pass_bytes(w));
     let dispatches = w.dispatches as f64 * c.dispatch_s / n_layers;
-    let attention = (attention_s(c, w) + selection_s(c, w)) / n_layers;
+    let attention = (attention_s(c, w) + selection_s(c, w) + waits_s(c, w)) / n_layers;
     w.stages
         .iter()
         .map(|s| Stage {
@@ -364,7 +372,8 @@ mod tests {
         };
         let p = predict_token(&cal(), &rounds);
         assert!((p.ms_per_token - 95.625).abs() < 1e-9, "{p:?}");
-        // 28 selecting layers each waiting 0.5 ms for their page scores: 14 ms, unhidden.
+        // 28 selecting layers each waiting 0.5 ms for their page scores: 14 ms of compute
+        // (the device idles), here all of it to the token: 96 + 0.25 × 50.6.
         let selecting = TokenWork {
             syncs: 28,
             ..w.clone()
@@ -378,8 +387,8 @@ mod tests {
         // Without a measured round trip (an older profile) they cost nothing.
         assert!((predict_token(&cal(), &selecting).ms_per_token - 94.65).abs() < 1e-9);
         // Their page summaries and scores: 28 layers of 50 µs + 28 × 34 pages of 2.5 µs =
-        // 1.4 + 2.38 ms of compute, not scaled by the in-pass factor, hidden like the rest:
-        // compute 85.78 ms, T = 85.78 + 0.25 × 50.6 = 98.43 ms (+ the 14 ms of waits).
+        // 1.4 + 2.38 ms more compute, not scaled by the in-pass factor: compute 99.78 ms,
+        // T = 99.78 + 0.25 × 50.6 = 112.43 ms.
         let scoring = TokenWork {
             select_layers: 28,
             select_pages: 28 * 34,
@@ -393,7 +402,7 @@ mod tests {
             ..c.clone()
         };
         let p = predict_token(&priced, &scoring);
-        assert!((p.compute_ms - 85.78).abs() < 1e-9, "{p:?}");
+        assert!((p.compute_ms - 99.78).abs() < 1e-9, "{p:?}");
         assert!((p.ms_per_token - 112.43).abs() < 1e-9, "{p:?}");
         // Unmeasured (an older profile): priced as their dispatches only.
         assert!((predict_token(&c, &scoring).ms_per_token - 108.65).abs() < 1e-9);
@@ -419,7 +428,10 @@ mod tests {
             predict_token(&hidden, &copying),
             predict_token(&shared, &copying),
         );
-        assert!((b.ms_per_token - a.ms_per_token - 2.25).abs() < 1e-9, "{a:?} {b:?}");
+        assert!(
+            (b.ms_per_token - a.ms_per_token - 2.25).abs() < 1e-9,
+            "{a:?} {b:?}"
+        );
         // Prefill: 100 tokens in batches of 64: per token 60 MB / 8 GB/s + 20 MB / Q8_0
         // (unmeasured for prefill: the slowest measured, 8) = 10 ms; batch 1: 640 ms + 10 ms
         // of dispatches vs 48 ms of I/O: 650 + 12 = 662; batch 2: 360 + 10 = 370 + 12 = 382.
