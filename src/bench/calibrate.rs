@@ -199,7 +199,6 @@ pub fn run(model: &LoadedModel, gpu: &GpuOptions) -> BenchResult<Entry> {
     // In-pass compute, then overlap: short resident runs, and streamed runs under a budget
     // that streams every layer (medians, after a warm-up run).
     let mut cal = Calibration {
-        adapter: String::new(),
         flash,
         upload_gb_s,
         host_copy_gb_s,
@@ -211,15 +210,7 @@ pub fn run(model: &LoadedModel, gpu: &GpuOptions) -> BenchResult<Entry> {
         attn_gb_s,
         prefill_attn_gb_s,
         select: Some(select),
-        overlap_beta: 0.0,
-        copy_beta: 0.0,
-        overlap_points: Vec::new(),
-        compute_scale: 1.0,
-        prefill_scale: 1.0,
-        prefill_points: Vec::new(),
-        compute_points: Vec::new(),
-        device: None,
-        probe: None,
+        ..Default::default()
     };
     // As long as the prompts the prefill rates are timed on (one batch of 64 tokens), so that
     // the prefill's in-pass factor is fitted where those rates hold.

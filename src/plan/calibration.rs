@@ -97,6 +97,36 @@ pub struct Calibration {
     pub probe: Option<Probe>,
 }
 
+/// Nothing measured: no rates, in-pass factors of 1, nothing fitted. `calibrate` fills in what
+/// it measures; tests state the constants they need.
+impl Default for Calibration {
+    fn default() -> Self {
+        Self {
+            adapter: String::new(),
+            flash: Vec::new(),
+            upload_gb_s: 0.0,
+            host_copy_gb_s: 0.0,
+            matvec_gb_s: BTreeMap::new(),
+            prefill_gb_s: BTreeMap::new(),
+            matmul_points: Vec::new(),
+            dispatch_s: 0.0,
+            sync_s: 0.0,
+            attn_gb_s: 0.0,
+            prefill_attn_gb_s: 0.0,
+            select: None,
+            overlap_beta: 0.0,
+            copy_beta: 0.0,
+            overlap_points: Vec::new(),
+            compute_scale: 1.0,
+            prefill_scale: 1.0,
+            prefill_points: Vec::new(),
+            compute_points: Vec::new(),
+            device: None,
+            probe: None,
+        }
+    }
+}
+
 /// What page selection's kernels cost in one selecting layer of a decode step, beyond their
 /// dispatches: a fixed part and a part per page scored.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]

@@ -138,24 +138,12 @@ pub fn calibration(direct_gb_s: f64, mmap_gb_s: f64) -> flashlm::plan::perf::Cal
             rate("mmap", 1 << 20, 4, mmap_gb_s),
         ],
         upload_gb_s: 4.0,
-        host_copy_gb_s: 0.0,
         matvec_gb_s: [("Q8_0".to_string(), 1.0)].into(),
         prefill_gb_s: [("Q8_0".to_string(), 4.0)].into(),
-        matmul_points: Vec::new(),
         dispatch_s: 20e-6,
-        sync_s: 0.0,
         attn_gb_s: 1.0,
-        prefill_attn_gb_s: 0.0,
-        select: None,
         overlap_beta: 0.3,
-        copy_beta: 0.0,
-        overlap_points: Vec::new(),
-        compute_scale: 1.0,
-        prefill_scale: 1.0,
-        prefill_points: Vec::new(),
-        compute_points: Vec::new(),
-        device: None,
-        probe: None,
+        ..Default::default()
     }
 }
 

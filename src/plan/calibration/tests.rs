@@ -18,24 +18,12 @@ pub(crate) fn cal() -> Calibration {
             },
         ],
         upload_gb_s: 10.0,
-        host_copy_gb_s: 0.0,
         matvec_gb_s: [("Q4_1".to_string(), 1.0), ("Q8_0".to_string(), 2.0)].into(),
         prefill_gb_s: [("Q4_1".to_string(), 8.0)].into(),
-        matmul_points: Vec::new(),
         dispatch_s: 20e-6,
-        sync_s: 0.0,
         attn_gb_s: 4.0,
-        prefill_attn_gb_s: 0.0,
-        select: None,
         overlap_beta: 0.25,
-        copy_beta: 0.0,
-        overlap_points: Vec::new(),
-        compute_scale: 1.0,
-        prefill_scale: 1.0,
-        prefill_points: Vec::new(),
-        compute_points: Vec::new(),
-        device: None,
-        probe: None,
+        ..Default::default()
     }
 }
 
