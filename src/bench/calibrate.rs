@@ -297,7 +297,7 @@ pub fn run(model: &LoadedModel, gpu: &GpuOptions) -> BenchResult<Entry> {
     cal.copy_beta = 0.0;
     let wc = cached.token_work(st_c.selection_reuse);
     let hidden = crate::plan::perf::predict_token(&cal, &wc);
-    let copy_ms = crate::plan::perf::copy_s(&cal, &wc, wc.kv_serial_share) * 1e3;
+    let copy_ms = crate::plan::perf::copy_s(&cal, &wc) * 1e3;
     cal.copy_beta = fitted_copy_beta(hidden.ms_per_token, st_c.ms_per_token, copy_ms);
     eprintln!(
         "host copies: streamed from the host cache {:.1} ms/token, predicted with the copies hidden {:.1} ms, copies {copy_ms:.1} ms: share {:.2}",
@@ -386,19 +386,23 @@ fn calibration_engine(
         o.resident =
             crate::plan::ResidentSpec::parse(r, model.cfg.n_layers).map_err(|e| e.to_string())?;
     }
-    let dram = if cache_weights {
-        // The plan with no host cache says what streams.
-        let file = FlashFile::open(&model.path, ReaderOptions::default())?;
-        let e = Engine::with_source(model.gguf.clone(), Arc::new(FlashSource::new(file, 0)), &o)?;
-        crate::plan::perf::streamed_weight_bytes(&e.plan)
-    } else {
-        0
-    };
+    let e = engine_on(model, &o, 0)?;
+    if !cache_weights {
+        return Ok(e);
+    }
+    // The plan with no host cache says what streams.
+    let dram = crate::plan::perf::streamed_weight_bytes(&e.plan);
+    drop(e);
+    engine_on(model, &o, dram)
+}
+
+/// An engine over `model` with options `o` and a host cache of `dram` bytes.
+fn engine_on(model: &LoadedModel, o: &EngineOptions, dram: u64) -> BenchResult<Engine> {
     let file = FlashFile::open(&model.path, ReaderOptions::default())?;
     Ok(Engine::with_source(
         model.gguf.clone(),
         Arc::new(FlashSource::new(file, dram)),
-        &o,
+        o,
     )?)
 }
 
@@ -452,8 +456,6 @@ fn fitted_prefill_point(
     PrefillPoint { pass_bytes, scale }
 }
 
-/// β: the share of the time the pipeline simulation hides (perfect overlap) that a measured
-/// token of `measured_ms` did not hide.
 /// Seconds of one wait for page scores in a pass: the bare round trip `bare_s` plus what a run
 /// measured beyond its prediction with bare waits, shared over its `syncs` waits; never below
 /// the bare round trip (`bare_s` without waits).
@@ -476,12 +478,7 @@ fn selecting_engine(model: &LoadedModel, gpu: &GpuOptions) -> BenchResult<Engine
         kv_select: Some(crate::plan::KvSelect::parse("quest:25%", 2)?),
         ..Default::default()
     };
-    let file = FlashFile::open(&model.path, ReaderOptions::default())?;
-    Ok(Engine::with_source(
-        model.gguf.clone(),
-        Arc::new(FlashSource::new(file, 0)),
-        &o,
-    )?)
+    engine_on(model, &o, 0)
 }
 
 /// The unhidden share of `copy_ms` of host copies: what a run measured beyond its prediction
@@ -494,6 +491,8 @@ fn fitted_copy_beta(hidden_ms: f64, measured_ms: f64, copy_ms: f64) -> f64 {
     }
 }
 
+/// β: the share of the time the pipeline simulation hides (perfect overlap) that a measured
+/// token of `measured_ms` did not hide.
 fn fitted_beta(pred: &Prediction, measured_ms: f64) -> f64 {
     if pred.overlapped_ms > 0.0 {
         ((measured_ms - pred.pipelined_ms) / pred.overlapped_ms).clamp(0.0, 1.0)

@@ -93,12 +93,9 @@ pub fn predict_token(c: &Calibration, w: &TokenWork) -> Prediction {
     };
     // What overlap does not hide on this machine (calibrated).
     // KV rounds after a layer's first wait for their pages: not hidden.
-    // A layer waiting for its page scores stops the pipeline: not hidden either.
     // The share of the host copies that takes the cores compute needs (calibrated).
-    let t = pipelined
-        + beta * overlapped
-        + kv_s * serial
-        + c.copy_beta.clamp(0.0, 1.0) * copy_s(c, w, serial);
+    let t =
+        pipelined + beta * overlapped + kv_s * serial + c.copy_beta.clamp(0.0, 1.0) * copy_s(c, w);
     Prediction {
         compute_ms: compute_s * 1e3,
         weight_io_ms: weight_s * 1e3,
@@ -117,9 +114,10 @@ pub fn waits_s(c: &Calibration, w: &TokenWork) -> f64 {
 }
 
 /// Seconds of the I/O thread's host copies in a decode step that run beside compute: the
-/// streamed weight bytes the host cache serves, and the KV copies outside the share `serial`
-/// that waits for attention (already added whole).
-pub fn copy_s(c: &Calibration, w: &TokenWork, serial: f64) -> f64 {
+/// streamed weight bytes the host cache serves, and the KV copies outside the share of the KV
+/// I/O that waits for attention (already added whole).
+pub fn copy_s(c: &Calibration, w: &TokenWork) -> f64 {
+    let serial = w.kv_serial_share.clamp(0.0, 1.0);
     c.host_copy_s(w.weight_copy_bytes) + c.host_copy_s(w.kv_copy_bytes) * (1.0 - serial)
 }
 
@@ -423,7 +421,7 @@ mod tests {
             copy_beta: 0.5,
             ..hidden.clone()
         };
-        assert!((copy_s(&hidden, &copying, 0.5) - 4.5e-3).abs() < 1e-12);
+        assert!((copy_s(&hidden, &copying) - 4.5e-3).abs() < 1e-12);
         let (a, b) = (
             predict_token(&hidden, &copying),
             predict_token(&shared, &copying),
