@@ -14,7 +14,9 @@
 # headline constants. RECALIBRATE=1 does the same when calibrate is not in the list (adding its
 # rows to that list).
 # KV_FLAGS adds flags to `bench kv` (its defaults are the 4,096-token S2; a slow adapter may need
-# e.g. KV_FLAGS="--prompt-tokens 1024 -n 64"); the table names the command as run.
+# e.g. KV_FLAGS="--prompt-tokens 1024 -n 64"), PPL_FLAGS to `bench ppl` (e.g. "--chunks 2"); the
+# tables name the commands as run. `ppl` times nothing and comes last in the full list, so
+# other work on the machine may overlap it.
 # Two side-by-side tables run only when asked, with what they compare against:
 #   OLD_FLASHLM=/path/to/older/flashlm scripts/bench.sh compare   # two builds, resident speed
 #   LLAMA_BENCH=/path/to/llama-bench LLAMA_COMMIT=<hash> scripts/bench.sh llamacpp
@@ -26,7 +28,7 @@ cargo build --release
 mkdir -p bench-out
 B=./target/release/flashlm
 want=("$@")
-[ ${#want[@]} -eq 0 ] && want=(calibrate resident layouts io stream kv types s3 batch summary)
+[ ${#want[@]} -eq 0 ] && want=(calibrate resident layouts io stream kv types s3 batch summary ppl)
 machine() {
   echo "Machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo) RAM, $(uname -m); $($B --list-adapters 2>/dev/null | head -1); $(date -u +%Y-%m-%d)"
 }
@@ -54,6 +56,7 @@ for w in "${want[@]}"; do
     io)       cmd=($B bench io --bytes 64MiB --json bench-out/io.json --plot bench-out/io.svg) ;;
     stream)   cmd=($B bench stream --io direct --runs 3 --json bench-out/stream.json) ;;
     kv)       cmd=($B bench kv --io direct --runs 3 ${KV_FLAGS:-} --json bench-out/kv.json) ;;
+    ppl)      cmd=($B bench ppl ${PPL_FLAGS:-} --json bench-out/ppl.json) ;;
     types)    cmd=($B bench types --runs 3 --json bench-out/types.json) ;;
     s3)       cmd=($B bench s3 --runs 3 -n 8 --json bench-out/s3.json) ;;
     batch)    cmd=($B bench batch --io direct --runs 3 -n 16 --json bench-out/batch.json) ;;
@@ -61,7 +64,7 @@ for w in "${want[@]}"; do
     calibrate) cmd=($B calibrate) ;;
     compare)  cmd=(scripts/compare-decode.sh "${OLD_FLASHLM:?set OLD_FLASHLM to the older binary}" "$B" 7) ;;
     llamacpp) cmd=(scripts/compare-llamacpp.sh "${LLAMA_BENCH:?set LLAMA_BENCH to llama-bench}" 3) ;;
-    *) echo "unknown benchmark $w (calibrate, resident, layouts, io, stream, kv, types, s3, batch, summary, compare, llamacpp)" >&2; exit 2 ;;
+    *) echo "unknown benchmark $w (calibrate, resident, layouts, io, stream, kv, ppl, types, s3, batch, summary, compare, llamacpp)" >&2; exit 2 ;;
   esac
   echo "## $w: ${cmd[*]}" >&2
   {

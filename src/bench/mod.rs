@@ -6,6 +6,7 @@ pub mod calibrate;
 pub mod io;
 pub mod kv;
 pub mod layouts;
+pub mod ppl;
 pub mod probe;
 mod resident;
 pub mod s3;

@@ -128,7 +128,7 @@ bounded_parser!(parse_top_k, usize, "--top-k", 0, 1 << 24);
 bounded_parser!(parse_last_n, usize, "--repeat-last-n", 0, 1 << 22);
 bounded_parser!(pub(super) parse_runs, usize, "--runs", 1, 1000);
 bounded_parser!(parse_chunks, usize, "--chunks", 1, 1 << 20);
-bounded_parser!(pub(super) parse_ppl_chunks, usize, "--ppl-chunks", 0, 1 << 20);
+bounded_parser!(pub(super) parse_ppl_chunks, usize, "--chunks", 1, 1 << 20);
 bounded_parser!(pub(super) parse_tokens, usize, "token count", 1, 1 << 22);
 bounded_parser!(parse_port, u16, "--port", 0, 65535);
 bounded_parser!(parse_parallel, usize, "--parallel", 1, 64);

@@ -194,13 +194,32 @@ pub fn bench(cli: &Cli, b: &BenchArgs) -> CliResult<()> {
             println!("{}", report.to_markdown());
             save_json(json.as_deref(), &report)
         }
+        BenchKind::Ppl {
+            model,
+            text,
+            prompt_tokens,
+            chunks,
+            json,
+        } => {
+            let path = resolve_model(&model.model)?;
+            let m = load_model(&path)?;
+            let base = engine_options(cli, model, m.cfg.n_layers)?;
+            let report = crate::bench::ppl::run(&crate::bench::ppl::PplOptions {
+                model: &m,
+                base,
+                text: text.clone(),
+                ctx: *prompt_tokens,
+                chunks: *chunks,
+            })?;
+            println!("{}", report.to_markdown());
+            save_json(json.as_deref(), &report)
+        }
         BenchKind::Kv {
             model,
             text,
             prompt_tokens,
             n,
             runs,
-            ppl_chunks,
             cache_share,
             page_sweep,
             page_sweep_tokens,
@@ -219,7 +238,6 @@ pub fn bench(cli: &Cli, b: &BenchArgs) -> CliResult<()> {
                 prompt_tokens: *prompt_tokens,
                 n_gen: *n,
                 runs: *runs,
-                ppl_chunks: *ppl_chunks,
                 cache_share: *cache_share,
                 page_sweep: page_sweep.iter().flatten().copied().collect(),
                 page_sweep_tokens: *page_sweep_tokens,

@@ -67,7 +67,7 @@ pub enum BenchKind {
     Kv {
         #[command(flatten)]
         model: ModelArgs,
-        /// Text to take the prompt and the perplexity chunks from (default: data/ in the repo).
+        /// Text to take the prompt from (default: data/ in the repo).
         #[arg(long)]
         text: Option<PathBuf>,
         /// Prompt tokens.
@@ -87,10 +87,6 @@ pub enum BenchKind {
         /// runs were cold.
         #[arg(long, value_parser = parse_runs)]
         cold_runs: Option<usize>,
-        /// Perplexity chunks per mode, at most what the text holds (0: skip perplexity). The
-        /// loss against exact is paired chunk by chunk, so its standard error needs 2 or more.
-        #[arg(long, default_value = "4", value_parser = parse_ppl_chunks)]
-        ppl_chunks: usize,
         /// Host cache of the second set of S2 rows: the weights that stream each token plus
         /// this share of the KV bytes that live on flash at the end of the run, e.g. 25%
         /// (0: only the rows without a host cache). The device budget is --gpu-budget, else
@@ -104,6 +100,26 @@ pub enum BenchKind {
         /// Prompt tokens of the page sweep (each size prefills cold; default: --prompt-tokens).
         #[arg(long, value_parser = parse_tokens)]
         page_sweep_tokens: Option<usize>,
+        /// Write the figures as JSON.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
+    /// Perplexity of a text at a long context under exact attention and each page selection
+    /// mode of `bench kv`, all resident, with each mode's loss against exact paired chunk by
+    /// chunk (times nothing, so it can run apart from the timed benchmarks).
+    Ppl {
+        #[command(flatten)]
+        model: ModelArgs,
+        /// Text to score (default: `bench kv`'s text, data/ in the repo).
+        #[arg(long)]
+        text: Option<PathBuf>,
+        /// Tokens of context of each chunk (as `bench kv`'s prompt).
+        #[arg(long, default_value = "4096", value_parser = parse_tokens)]
+        prompt_tokens: usize,
+        /// Chunks per mode, at most what the text holds. The loss against exact is paired
+        /// chunk by chunk, so its standard error needs 2 or more.
+        #[arg(long, default_value = "4", value_parser = parse_ppl_chunks)]
+        chunks: usize,
         /// Write the figures as JSON.
         #[arg(long)]
         json: Option<PathBuf>,
@@ -239,5 +255,13 @@ mod tests {
         for bad in ["0", "2048", "x"] {
             assert!(parse_sweep_page(bad).is_err(), "{bad:?}");
         }
+    }
+
+    /// clap's own checks of every subcommand (unique names, valid defaults): in release builds
+    /// clap skips them, so a clash such as a second `--ctx` would pass silently.
+    #[test]
+    fn the_command_line_definition_is_consistent() {
+        use clap::CommandFactory;
+        crate::cli::Cli::command().debug_assert();
     }
 }

@@ -150,28 +150,6 @@ impl KvReport {
             "\nTime to first token, {}-token prompt: cold {:.0} ms, resumed from a session {:.0} ms ({:.1}x faster).\n",
             self.prompt_tokens, self.ttft_cold_ms, self.ttft_resumed_ms, self.ttft_speedup
         ));
-        if !self.ppl.is_empty() {
-            s.push_str(&format!(
-                "\nPerplexity at ctx {} (all resident; {} chunks, {} scored tokens each mode). The loss is against exact; \
-                 its standard error pairs the modes chunk by chunk.\n\n\
-                 | mode | ppl ± stderr | loss vs exact | paired stderr of the loss |\n|---|---|---|---|\n",
-                self.prompt_tokens,
-                self.ppl[0].chunks,
-                self.ppl[0].tokens
-            ));
-            for p in &self.ppl {
-                s.push_str(&format!(
-                    "| {} | {:.4} ± {:.4} | {:+.2}% | {} |\n",
-                    p.mode,
-                    p.ppl,
-                    p.stderr,
-                    p.loss_pct,
-                    p.paired_loss_stderr_pct
-                        .map(|e| format!("{e:.2}%"))
-                        .unwrap_or_else(|| "-".into())
-                ));
-            }
-        }
         s.push_str(&format!(
             "\nPage hit-rate model: predicted against measured (resumed from the session to the context, \
              {WARM_TOKENS} warm-up tokens, then {MEASURED_TOKENS} measured; medians of {} runs). The host cache is \

@@ -8,12 +8,11 @@
 //!   KV cache that stays on the device) and the raw cold read rate, so exact S2 can be compared
 //!   with "S1 plus the KV bytes at the flash rate".
 //! - Time to first token for the long prompt, cold and resumed from a saved session.
-//! - Perplexity of the text at the prompt's context for each mode, and its loss against exact.
 //! - The page hit-rate model against measurement over context length x host-cache size.
 //! - Page sizes side by side at the S2 setting, with the size the bench's own rule picks.
 //! - Goal lines computed from these figures ([`Goal`]).
 //!
-//! Submodules: [`s2`] (S1, S2, TTFT, perplexity), [`sweep`] (the hit-rate model sweep and the
+//! Submodules: [`s2`] (S1, S2, TTFT), [`sweep`] (the hit-rate model sweep and the
 //! page sizes), [`report`] (figures, goals and markdown).
 
 mod markdown;
@@ -25,9 +24,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 pub use report::{
-    Goal, KvReport, ModeRow, ModelPoint, PAGE_RULE_TOLERANCE, PageRow, PplRow, recommend_page,
+    Goal, KvReport, ModeRow, ModelPoint, PAGE_RULE_TOLERANCE, PageRow, recommend_page, verdict,
 };
-pub use s2::paired_loss;
 pub use sweep::points as model_sweep_points;
 
 use super::{median, raw_cold_read};
@@ -68,8 +66,6 @@ pub struct KvBenchOptions<'a> {
     pub n_gen: usize,
     /// Repetitions of every measured point (medians are reported).
     pub runs: usize,
-    /// Perplexity chunks per mode, at most what the text holds (0: skip perplexity).
-    pub ppl_chunks: usize,
     /// Host cache of the second set of S2 rows, as a share (0 to 1) of the KV bytes that
     /// stream at the end of the run, on top of the streamed weights (0: no such rows).
     pub cache_share: f64,
@@ -231,13 +227,12 @@ pub fn run(o: &KvBenchOptions<'_>) -> BenchResult<KvReport> {
         let s1 = s2::s1(&mut c, &prompt, runs)?;
         let s2 = s2::s2(&mut c, &prompt, runs, &session_path)?;
         let resumed = s2::ttft_resumed(&mut c, &prompt, runs, &session_path)?;
-        let ppl = s2::perplexity(o, &text)?;
         let model = sweep::model(&mut c, &prompt, runs, &session_path)?;
         let pages = sweep::pages(&mut c, &prompt, runs)?;
-        Ok::<_, Box<dyn std::error::Error>>((s1, s2, resumed, ppl, model, pages))
+        Ok::<_, Box<dyn std::error::Error>>((s1, s2, resumed, model, pages))
     })();
     let _ = std::fs::remove_dir_all(&dir);
-    let (s1, s2, resumed, ppl, model, pages) = result?;
+    let (s1, s2, resumed, model, pages) = result?;
     Ok(report::assemble(report::Parts {
         adapter: c.adapter,
         backend: c.backend,
@@ -251,7 +246,6 @@ pub fn run(o: &KvBenchOptions<'_>) -> BenchResult<KvReport> {
         s1,
         s2,
         ttft_resumed_ms: resumed,
-        ppl,
         model,
         pages,
     }))

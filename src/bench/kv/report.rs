@@ -10,8 +10,6 @@ use super::s2::{S1, S2};
 pub const PAGE_RULE_TOLERANCE: f64 = 0.05;
 /// Goal: exact S2 ms/token at most this many times S1 + the KV bytes at the flash rate.
 pub const GOAL_S2_OVER_BOUND: f64 = 1.5;
-/// Goal: quest 25% perplexity loss against exact, percent.
-pub const GOAL_QUEST_PPL_LOSS_PCT: f64 = 1.0;
 /// Goal: resumed TTFT this many times faster than cold.
 pub const GOAL_TTFT_SPEEDUP: f64 = 10.0;
 
@@ -53,21 +51,6 @@ pub struct ModeRow {
     /// when the calibration has no probe).
     pub probed_ms_per_token: Option<f64>,
     pub probed_ttft_ms: Option<f64>,
-}
-
-/// One mode's perplexity at the prompt's context.
-#[derive(Debug, Clone, Serialize)]
-pub struct PplRow {
-    pub mode: String,
-    pub ppl: f64,
-    pub stderr: f64,
-    pub chunks: usize,
-    pub tokens: usize,
-    /// `100 (ppl / ppl_exact - 1)`.
-    pub loss_pct: f64,
-    /// The same from the chunks' paired log ratios, and its standard error (2 chunks or more).
-    pub paired_loss_pct: f64,
-    pub paired_loss_stderr_pct: Option<f64>,
 }
 
 /// One point of the hit-rate model's sweep (medians over the runs).
@@ -172,7 +155,6 @@ pub struct KvReport {
     pub ttft_cold_ms: f64,
     pub ttft_resumed_ms: f64,
     pub ttft_speedup: f64,
-    pub ppl: Vec<PplRow>,
     pub model: Vec<ModelPoint>,
     pub pages: Vec<PageRow>,
     /// The page size [`recommend_page`] picks from `pages`.
@@ -196,7 +178,6 @@ pub struct Parts {
     pub s1: S1,
     pub s2: S2,
     pub ttft_resumed_ms: f64,
-    pub ppl: Vec<PplRow>,
     pub model: Vec<ModelPoint>,
     pub pages: Vec<PageRow>,
 }
@@ -215,7 +196,7 @@ pub fn recommend_page(pages: &[PageRow]) -> Option<u32> {
         .min()
 }
 
-pub(super) fn verdict(met: Option<bool>) -> &'static str {
+pub fn verdict(met: Option<bool>) -> &'static str {
     match met {
         Some(true) => "met",
         Some(false) => "not met",
@@ -266,24 +247,6 @@ fn goals(r: &KvReport) -> Vec<Goal> {
             detail: "no exact S2 row".into(),
         },
     });
-    let q = r.ppl.iter().find(|p| p.mode == "quest:25%");
-    g.push(Goal {
-        goal: format!("quest 25% perplexity loss <= {GOAL_QUEST_PPL_LOSS_PCT}%"),
-        met: q.map(|q| q.loss_pct <= GOAL_QUEST_PPL_LOSS_PCT),
-        detail: match q {
-            Some(q) => format!(
-                "quest:25% ppl {:.4} against exact {:.4}: {:+.2}%{} over {} chunks",
-                q.ppl,
-                r.ppl.first().map_or(f64::NAN, |e| e.ppl),
-                q.loss_pct,
-                q.paired_loss_stderr_pct
-                    .map(|s| format!(" (paired stderr {s:.2}%)"))
-                    .unwrap_or_default(),
-                q.chunks
-            ),
-            None => "perplexity skipped (--ppl-chunks 0)".into(),
-        },
-    });
     g.push(Goal {
         goal: format!("resumed TTFT >= {GOAL_TTFT_SPEEDUP}x faster than cold"),
         met: Some(r.ttft_speedup >= GOAL_TTFT_SPEEDUP),
@@ -326,7 +289,6 @@ pub fn assemble(p: Parts) -> KvReport {
         ttft_cold_ms: p.s2.ttft_cold_ms,
         ttft_resumed_ms: p.ttft_resumed_ms,
         ttft_speedup: p.s2.ttft_cold_ms / p.ttft_resumed_ms.max(1e-9),
-        ppl: p.ppl,
         model: p.model,
         pages: p.pages,
         recommended_page_tokens: recommended,

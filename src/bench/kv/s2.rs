@@ -1,11 +1,11 @@
-//! S1, the S2 modes (without and with a host cache), time to first token resumed from a
-//! session, and the perplexity of each mode.
+//! S1, the S2 modes (without and with a host cache), and time to first token resumed from a
+//! session.
 
 use std::path::Path;
 use std::time::Instant;
 
-use super::report::{ModeRow, PplRow};
-use super::{BenchResult, Ctx, KvBenchOptions, MODES, S1_PROMPT, Streamed, greedy, med, med_of};
+use super::report::ModeRow;
+use super::{BenchResult, Ctx, MODES, S1_PROMPT, Streamed, greedy, med, med_of};
 use crate::bench::probe::{Prober, probed};
 use crate::kv::session::Session;
 
@@ -280,96 +280,4 @@ pub fn ttft_resumed(
         ms.push(v);
     }
     Ok(med_of(ms))
-}
-
-/// Perplexity at the prompt's context for every mode, all resident (placement never changes
-/// results), with each mode's loss against exact paired chunk by chunk.
-pub fn perplexity(o: &KvBenchOptions<'_>, text: &str) -> BenchResult<Vec<PplRow>> {
-    if o.ppl_chunks == 0 {
-        return Ok(Vec::new());
-    }
-    let m = o.model;
-    let bos = if m.tokenizer.add_bos() {
-        m.tokenizer.bos_id()
-    } else {
-        None
-    };
-    let ids = m
-        .tokenizer
-        .encode_with_bos(text, false, m.tokenizer.add_bos());
-    let list = crate::eval::ppl::chunks(&ids, o.prompt_tokens, Some(o.ppl_chunks), bos)?;
-    let mut out: Vec<PplRow> = Vec::new();
-    let mut exact_chunks: Vec<f64> = Vec::new();
-    for mode in MODES {
-        let mut opts = o.base.clone();
-        opts.gpu.budget = None;
-        opts.ctx = Some(o.prompt_tokens);
-        opts.logit_rows = 16;
-        opts.kv_select = super::select(mode)?;
-        let mut e = crate::engine::Engine::new(m.gguf.clone(), &opts)?;
-        let t = Instant::now();
-        let rep = crate::eval::perplexity(&mut e, &list, &mut |_, _| {})?;
-        eprintln!(
-            "ppl {mode}: {:.4} +/- {:.5} over {} chunks ({:.0} s)",
-            rep.ppl,
-            rep.stderr,
-            rep.chunks,
-            t.elapsed().as_secs_f64()
-        );
-        if mode == "exact" {
-            exact_chunks = rep.per_chunk_ppl.clone();
-        }
-        let base = out.first().map(|r| r.ppl).unwrap_or(rep.ppl);
-        let (loss, loss_se) = paired_loss(&rep.per_chunk_ppl, &exact_chunks);
-        out.push(PplRow {
-            mode: mode.to_string(),
-            ppl: rep.ppl,
-            stderr: rep.stderr,
-            chunks: rep.chunks,
-            tokens: rep.tokens,
-            loss_pct: (rep.ppl / base - 1.0) * 100.0,
-            paired_loss_pct: loss,
-            paired_loss_stderr_pct: loss_se,
-        });
-    }
-    Ok(out)
-}
-
-/// A mode's perplexity loss against exact from the chunks' log ratios `d_k = ln(ppl_k /
-/// exact_k)`: `100 (exp(mean d) - 1)` and its standard error `100 exp(mean d) sd(d) / sqrt(K)`
-/// (None below 2 chunks). Chunks score the same number of tokens, so `mean d` is the log ratio
-/// of the overall perplexities; pairing removes the chunks' own spread of difficulty.
-pub fn paired_loss(mode: &[f64], exact: &[f64]) -> (f64, Option<f64>) {
-    let d: Vec<f64> = mode.iter().zip(exact).map(|(a, b)| (a / b).ln()).collect();
-    if d.is_empty() {
-        return (0.0, None);
-    }
-    let k = d.len() as f64;
-    let mean = d.iter().sum::<f64>() / k;
-    let loss = (mean.exp() - 1.0) * 100.0;
-    if d.len() < 2 {
-        return (loss, None);
-    }
-    let var = d.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (k - 1.0);
-    (loss, Some(mean.exp() * (var / k).sqrt() * 100.0))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::paired_loss;
-
-    #[test]
-    fn paired_loss_is_the_ratio_of_the_means_with_the_spread_of_the_chunk_ratios() {
-        // Equal chunk ratios: the loss is that ratio, with no spread.
-        let (l, se) = paired_loss(&[11.0, 22.0], &[10.0, 20.0]);
-        assert!((l - 10.0).abs() < 1e-9, "{l}");
-        assert!(se.unwrap().abs() < 1e-9);
-        // One chunk: no standard error.
-        assert_eq!(paired_loss(&[10.0], &[10.0]), (0.0, None));
-        // Ratios 1.0 and 1.02: mean log ratio ln(1.02)/2, stderr = |d1 - d2| / 2 (times exp).
-        let (l, se) = paired_loss(&[10.0, 10.2], &[10.0, 10.0]);
-        let d = 1.02f64.ln();
-        assert!((l - ((d / 2.0).exp() - 1.0) * 100.0).abs() < 1e-9);
-        assert!((se.unwrap() - (d / 2.0).exp() * d / 2.0 * 100.0).abs() < 1e-9);
-    }
 }
