@@ -26,13 +26,14 @@ use crate::model::LoadedModel;
 use crate::model::synthetic::SyntheticSpec;
 use crate::plan::history::Entry;
 use crate::plan::perf::{
-    Calibration, FlashRate, MAX_MEASURED_ROWS, OverlapPoint, Prediction, PrefillPoint, SelectCost,
-    TokenWork,
+    Calibration, FlashRate, MAX_MEASURED_ROWS, OverlapPoint, PrefillPoint, SelectCost,
 };
 use crate::sampling::{Sampler, SamplerParams};
 
+mod fit;
 mod rates;
 
+use fit::{fitted_beta, fitted_copy_beta, fitted_prefill_point, fitted_scale, fitted_sync_s};
 use rates::{SYNTHETIC_SHAPES, matmul_rates, point, round_trip_s, step, time_list};
 pub use rates::{attention_rate, select_layer_s};
 
@@ -46,11 +47,12 @@ const ENGINE_RUNS: usize = 5;
 /// spell of a shared machine falls on both rather than on one), after one warm-up run each
 /// that is not counted (its first steps build the pipelines, which made a single short run
 /// read up to a third slow). The time to first token returned is the median of the runs' own.
+/// Besides: each engine's ms/token run by run (the same turn at the same index).
 fn interleaved_medians(
     engines: &mut [&mut Engine],
     prompt: &[u32],
     sm: &mut Sampler,
-) -> BenchResult<Vec<crate::engine::GenStats>> {
+) -> BenchResult<(Vec<crate::engine::GenStats>, Vec<Vec<f64>>)> {
     let mut runs: Vec<Vec<crate::engine::GenStats>> = engines.iter().map(|_| Vec::new()).collect();
     for r in 0..=ENGINE_RUNS {
         for (e, out) in engines.iter_mut().zip(runs.iter_mut()) {
@@ -61,7 +63,11 @@ fn interleaved_medians(
             }
         }
     }
-    Ok(runs
+    let per_turn = runs
+        .iter()
+        .map(|v| v.iter().map(|s| s.ms_per_token).collect())
+        .collect();
+    let medians = runs
         .into_iter()
         .map(|mut v| {
             let mut ttft: Vec<f64> = v.iter().map(|s| s.ttft_ms).collect();
@@ -71,7 +77,8 @@ fn interleaved_medians(
             st.ttft_ms = ttft[ENGINE_RUNS / 2];
             st
         })
-        .collect())
+        .collect();
+    Ok((medians, per_turn))
 }
 
 /// Measure everything; `model` supplies the shapes and the file to read. Stamped with the
@@ -224,17 +231,26 @@ pub fn run(model: &LoadedModel, gpu: &GpuOptions) -> BenchResult<Entry> {
     // In-pass compute: a resident run (no I/O) against what the kernel rates add up to for
     // its pass; then the overlap, from a fully streamed run in the same turns.
     // Besides: the streamed run served by the host cache (its copies), and a resident run with
-    // page selection on pages small enough to leave pages out (its waits for the scores).
+    // page selection on pages small enough to leave pages out (its waits for the scores),
+    // with the same engine attending every page as its pair.
     let mut resident = calibration_engine(model, gpu, None, false)?;
     let mut streamed = calibration_engine(model, gpu, Some("none"), false)?;
     let mut cached = calibration_engine(model, gpu, Some("none"), true)?;
-    let mut selecting = selecting_engine(model, gpu)?;
-    let mut medians = interleaved_medians(
-        &mut [&mut resident, &mut streamed, &mut cached, &mut selecting],
+    let mut selecting = small_page_engine(model, gpu, true)?;
+    let mut dense = small_page_engine(model, gpu, false)?;
+    let (mut medians, per_turn) = interleaved_medians(
+        &mut [
+            &mut resident,
+            &mut streamed,
+            &mut cached,
+            &mut selecting,
+            &mut dense,
+        ],
         &prompt,
         &mut sm,
     )?;
-    let (st_r, st, st_c, st_s) = (
+    let (st_r, st, st_c, st_s, st_d) = (
+        medians.remove(0),
         medians.remove(0),
         medians.remove(0),
         medians.remove(0),
@@ -257,21 +273,33 @@ pub fn run(model: &LoadedModel, gpu: &GpuOptions) -> BenchResult<Entry> {
         st_r.ms_per_token,
         cal.compute_factor()
     );
-    // A selecting layer's wait for its page scores inside a pass: what the selecting run
-    // took beyond its prediction with the bare round trip, per wait (at least that).
+    // A selecting layer's wait for its page scores inside a pass: how much more the selecting
+    // run took than its dense pair, turn by turn (median), beyond what the model predicts
+    // between them with waits of a bare round trip, per wait (at least that). The pair has
+    // the same pages, batches and context, so what the model misprices in both cancels.
     let ws = selecting.token_work(st_s.selection_reuse);
+    let wd = dense.token_work(st_d.selection_reuse);
     let bare = cal.sync_s;
-    let p = crate::plan::perf::predict_token(&cal, &ws);
-    cal.sync_s = fitted_sync_s(bare, p.ms_per_token, st_s.ms_per_token, ws.syncs);
+    let p_sel = crate::plan::perf::predict_token(&cal, &ws).ms_per_token;
+    let p_dense = crate::plan::perf::predict_token(&cal, &wd).ms_per_token;
+    let mut gaps: Vec<f64> = per_turn[3]
+        .iter()
+        .zip(&per_turn[4])
+        .map(|(s, d)| s - d)
+        .collect();
+    let gap = median(&mut gaps);
+    cal.sync_s = fitted_sync_s(bare, p_sel - p_dense, gap, ws.syncs);
     eprintln!(
-        "page selection in a pass: resident run {:.1} ms/token, predicted {:.1} with {} waits of a bare round trip ({:.1} µs): {:.1} µs a wait",
+        "page selection in a pass: resident run {:.1} ms/token, its dense pair {:.1}, {gap:+.1} ms turn by turn (median); predicted {:+.1} ms with {} waits of a bare round trip ({:.1} µs): {:.1} µs a wait",
         st_s.ms_per_token,
-        p.ms_per_token,
+        st_d.ms_per_token,
+        p_sel - p_dense,
         ws.syncs,
         bare * 1e6,
         cal.sync_s * 1e6
     );
     drop(selecting);
+    drop(dense);
     let small_prefill = fitted_prefill_point(&cal, &resident, prompt.len(), st_r.ttft_ms);
     cal.prefill_scale = small_prefill.scale;
     drop(resident);
@@ -406,99 +434,25 @@ fn engine_on(model: &LoadedModel, o: &EngineOptions, dram: u64) -> BenchResult<E
     )?)
 }
 
-/// The in-pass compute scale: a resident run's measured ms/token over what `cal`'s kernel
-/// rates add up to for its work `w`, attention taken off both (1 when either is missing), and
-/// that sum (attention included) in ms.
-fn fitted_scale(cal: &Calibration, w: &TokenWork, measured_ms: f64) -> (f64, f64) {
-    let mut at_rates = cal.clone();
-    at_rates.compute_scale = 1.0;
-    at_rates.compute_points.clear();
-    let kernels_ms = crate::plan::perf::predict_token(&at_rates, w).compute_ms;
-    // The factor is not put on attention: the run's attention at its rate comes off both.
-    let attn_ms = crate::plan::perf::attention_s(cal, w) * 1e3;
-    if kernels_ms > attn_ms && measured_ms > attn_ms {
-        ((measured_ms - attn_ms) / (kernels_ms - attn_ms), kernels_ms)
+/// A resident engine on the calibrated model with 4-token pages and batches of 8 (so that the
+/// recent window a batch needs is 3 pages): with `select`, it selects a quarter of its pages
+/// (the first two layers dense), so that the calibration's short prompt leaves pages out;
+/// without, it attends every page (the selecting one's pair).
+fn small_page_engine(model: &LoadedModel, gpu: &GpuOptions, select: bool) -> BenchResult<Engine> {
+    let kv_select = if select {
+        Some(crate::plan::KvSelect::parse("quest:25%", 2)?)
     } else {
-        (1.0, kernels_ms)
-    }
-}
-
-/// The prefill's in-pass factor on a resident engine's model: its measured time to first token
-/// for a prompt of `prompt` tokens over what `cal`'s prefill rates add up to for it, attention
-/// taken off both (1 when either is missing), at the weight bytes of the model's decode step.
-fn fitted_prefill_point(
-    cal: &Calibration,
-    resident: &Engine,
-    prompt: usize,
-    measured_ms: f64,
-) -> PrefillPoint {
-    let mut at_rates = cal.clone();
-    at_rates.prefill_scale = 1.0;
-    at_rates.prefill_points.clear();
-    let kernels_ms = resident.predict(&at_rates, 0, prompt, 0.0).1;
-    let attn_ms =
-        crate::plan::perf::prefill_attention_ms(cal, &resident.token_work(0.0), 0, prompt);
-    let scale = if kernels_ms > attn_ms && measured_ms > attn_ms {
-        (measured_ms - attn_ms) / (kernels_ms - attn_ms)
-    } else {
-        1.0
+        None
     };
-    let pass_bytes = resident
-        .token_work(0.0)
-        .matrices
-        .iter()
-        .map(|m| m.bytes)
-        .sum();
-    eprintln!(
-        "prefill, {:.0} MB decode step: resident time to first token {measured_ms:.1} ms ({prompt} tokens), kernels at their rates {kernels_ms:.1} ms: x{scale:.2}",
-        pass_bytes as f64 / 1e6
-    );
-    PrefillPoint { pass_bytes, scale }
-}
-
-/// Seconds of one wait for page scores in a pass: the bare round trip `bare_s` plus what a run
-/// measured beyond its prediction with bare waits, shared over its `syncs` waits; never below
-/// the bare round trip (`bare_s` without waits).
-fn fitted_sync_s(bare_s: f64, predicted_ms: f64, measured_ms: f64, syncs: u64) -> f64 {
-    if syncs == 0 {
-        return bare_s;
-    }
-    (bare_s + (measured_ms - predicted_ms) / 1e3 / syncs as f64).max(bare_s)
-}
-
-/// A resident engine on the calibrated model that selects a quarter of its pages (the first
-/// two layers dense) in 4-token pages and batches of 8 (so that the recent window a batch
-/// needs is 3 pages), so that the calibration's short prompt leaves pages out.
-fn selecting_engine(model: &LoadedModel, gpu: &GpuOptions) -> BenchResult<Engine> {
     let o = EngineOptions {
         gpu: gpu.clone(),
         ctx: Some(256),
         ubatch: 8,
         kv_page: Some(4),
-        kv_select: Some(crate::plan::KvSelect::parse("quest:25%", 2)?),
+        kv_select,
         ..Default::default()
     };
     engine_on(model, &o, 0)
-}
-
-/// The unhidden share of `copy_ms` of host copies: what a run measured beyond its prediction
-/// with the copies hidden, over them (0 to 1; 0 without copies).
-fn fitted_copy_beta(hidden_ms: f64, measured_ms: f64, copy_ms: f64) -> f64 {
-    if copy_ms > 0.0 {
-        ((measured_ms - hidden_ms) / copy_ms).clamp(0.0, 1.0)
-    } else {
-        0.0
-    }
-}
-
-/// β: the share of the time the pipeline simulation hides (perfect overlap) that a measured
-/// token of `measured_ms` did not hide.
-fn fitted_beta(pred: &Prediction, measured_ms: f64) -> f64 {
-    if pred.overlapped_ms > 0.0 {
-        ((measured_ms - pred.pipelined_ms) / pred.overlapped_ms).clamp(0.0, 1.0)
-    } else {
-        0.0
-    }
 }
 
 /// The synthetic model the overlap is measured on a second time: 6 layers of about 25 MB.
@@ -537,7 +491,7 @@ fn big_overlap_point(
     // Resident and streamed in turns, and the compute side scaled to the resident run of the
     // same turns: β is then what streaming adds beyond the pipeline, not the machine's drift
     // since the kernel rates were measured.
-    let mut medians = interleaved_medians(&mut [&mut resident, &mut streamed], &prompt, sm)?;
+    let (mut medians, _) = interleaved_medians(&mut [&mut resident, &mut streamed], &prompt, sm)?;
     let (st_r, st) = (medians.remove(0), medians.remove(0));
     let mut local = cal.clone();
     local.compute_points.clear();
@@ -568,23 +522,4 @@ fn big_overlap_point(
         compute,
         prefill,
     ))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn fits_of_the_waits_and_the_copies() {
-        // 28 waits; a run 14 ms over its prediction with 50 µs waits: 550 µs a wait.
-        assert!((fitted_sync_s(50e-6, 100.0, 114.0, 28) - 550e-6).abs() < 1e-12);
-        // Faster than predicted: never below the bare round trip; no waits: the bare one.
-        assert_eq!(fitted_sync_s(50e-6, 100.0, 90.0, 28), 50e-6);
-        assert_eq!(fitted_sync_s(50e-6, 100.0, 114.0, 0), 50e-6);
-        // 4 ms over with 8 ms of copies: half unhidden; held to 0..1; no copies: 0.
-        assert!((fitted_copy_beta(40.0, 44.0, 8.0) - 0.5).abs() < 1e-12);
-        assert_eq!(fitted_copy_beta(40.0, 60.0, 8.0), 1.0);
-        assert_eq!(fitted_copy_beta(40.0, 30.0, 8.0), 0.0);
-        assert_eq!(fitted_copy_beta(40.0, 60.0, 0.0), 0.0);
-    }
 }
