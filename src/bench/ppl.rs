@@ -10,10 +10,9 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use super::kv::{Goal, MODES, default_text};
+use super::kv::{Goal, MODES, default_text, select};
 use crate::engine::{Engine, EngineOptions};
 use crate::model::LoadedModel;
-use crate::plan::KvSelect;
 
 type BenchResult<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -84,10 +83,7 @@ pub fn run(o: &PplOptions<'_>) -> BenchResult<PplReport> {
         opts.gpu.budget = None;
         opts.ctx = Some(o.ctx);
         opts.logit_rows = 16;
-        opts.kv_select = match *mode {
-            "exact" => None,
-            s => Some(KvSelect::parse(s, 2)?),
-        };
+        opts.kv_select = select(mode)?;
         let mut e = Engine::new(m.gguf.clone(), &opts)?;
         if adapter.is_empty() {
             adapter = e.ctx.info.name.clone();

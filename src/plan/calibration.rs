@@ -35,9 +35,10 @@ pub struct Calibration {
     pub dispatch_s: f64,
     /// Seconds a pass loses at one wait for a selecting layer's page scores: at least one host
     /// round trip beyond its dispatch (a submission with one dispatch and a copy into a
-    /// mappable buffer, mapped and waited for), and what a resident run with page selection
-    /// took beyond its prediction, per wait, where more (the device idles while the host ranks
-    /// the pages and submits the rest of the layer). 0 in profiles from before it was measured.
+    /// mappable buffer, mapped and waited for), and, where more, what a resident run with page
+    /// selection took beyond the same run attending every page, less the model's gap between
+    /// the two, per wait (the device idles while the host ranks the pages and submits the rest
+    /// of the layer). 0 in profiles from before it was measured.
     #[serde(default)]
     pub sync_s: f64,
     /// Attention: KV bytes read per second (decode: one row).

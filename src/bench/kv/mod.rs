@@ -176,7 +176,7 @@ impl Ctx<'_> {
 }
 
 /// The page selection of a mode: `exact` or a `quest:` spec (the first two layers dense).
-fn select(mode: &str) -> BenchResult<Option<KvSelect>> {
+pub(crate) fn select(mode: &str) -> BenchResult<Option<KvSelect>> {
     Ok(match mode {
         "exact" => None,
         s => Some(KvSelect::parse(s, 2)?),
