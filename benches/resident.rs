@@ -2,6 +2,9 @@
 //! (the same as `flashlm bench resident`).
 
 fn main() {
+    // Mesa's software rasterizers get twice the CPUs as worker threads, as `flashlm` gives them.
+    // SAFETY: no other thread exists yet.
+    unsafe { flashlm::gpu::softdriver::tune_threads() };
     let path = flashlm::paths::default_model_path();
     if !path.is_file() {
         eprintln!("{}", flashlm::paths::how_to_get_model());

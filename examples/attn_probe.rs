@@ -6,6 +6,9 @@
 //!
 //!     cargo run --release --example attn_probe -- 1x4096 64x512 64x2048 64x4096
 fn main() {
+    // Mesa's software rasterizers get twice the CPUs as worker threads, as `flashlm` gives them.
+    // SAFETY: no other thread exists yet.
+    unsafe { flashlm::gpu::softdriver::tune_threads() };
     let points: Vec<(u32, u32)> = std::env::args()
         .skip(1)
         .map(|a| {

@@ -16,6 +16,9 @@ use flashlm::model::tokenizer::Tokenizer;
 use flashlm::sampling::{Sampler, SamplerParams};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // Mesa's software rasterizers get twice the CPUs as worker threads, as `flashlm` gives them.
+    // SAFETY: no other thread exists yet.
+    unsafe { flashlm::gpu::softdriver::tune_threads() };
     let mut args = std::env::args().skip(1);
     let prompt = args
         .next()

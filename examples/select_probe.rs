@@ -3,6 +3,9 @@
 //! shape. Shader work: set FLASHLM_SHADER_DIR to try a changed shaders/kv.wgsl without
 //! rebuilding.
 fn main() {
+    // Mesa's software rasterizers get twice the CPUs as worker threads, as `flashlm` gives them.
+    // SAFETY: no other thread exists yet.
+    unsafe { flashlm::gpu::softdriver::tune_threads() };
     let path = flashlm::paths::default_model_path();
     let model = flashlm::model::load_model(&path).expect("the default model");
     let ctx =

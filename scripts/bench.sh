@@ -7,7 +7,8 @@
 #   scripts/bench.sh kv stream       # only these, reusing the other tables' last output
 #   scripts/bench.sh summary         # the predicted-vs-measured table from bench-out/*.json
 #   scripts/bench.sh assemble        # only BENCHMARKS.md again, from bench-out/*.md as they are
-# `calibrate` (first in the full list) measures this machine's constants for the predictions.
+# `threads` (first in the full list) compares the worker threads of Mesa's software rasterizer.
+# `calibrate` (next) measures this machine's constants for the predictions.
 # When it is in the list, it runs again before each later benchmark that predicts (resident,
 # stream, kv, s3), so that each prediction uses constants measured minutes before it (the shared
 # VM's speed drifts over an hour); bench-out/recalibrations.md lists every calibration's
@@ -28,7 +29,7 @@ cargo build --release
 mkdir -p bench-out
 B=./target/release/flashlm
 want=("$@")
-[ ${#want[@]} -eq 0 ] && want=(calibrate resident layouts io stream kv types s3 batch summary ppl)
+[ ${#want[@]} -eq 0 ] && want=(threads calibrate resident layouts io stream kv types s3 batch summary ppl)
 machine() {
   echo "Machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo) RAM, $(uname -m); $($B --list-adapters 2>/dev/null | head -1); $(date -u +%Y-%m-%d)"
 }
@@ -58,13 +59,14 @@ for w in "${want[@]}"; do
     kv)       cmd=($B bench kv --io direct --runs 3 ${KV_FLAGS:-} --json bench-out/kv.json) ;;
     ppl)      cmd=($B bench ppl ${PPL_FLAGS:-} --json bench-out/ppl.json) ;;
     types)    cmd=($B bench types --runs 3 --json bench-out/types.json) ;;
+    threads)  cmd=($B bench threads --rounds 5 --json bench-out/threads.json) ;;
     s3)       cmd=($B bench s3 --runs 3 -n 8 --json bench-out/s3.json) ;;
     batch)    cmd=($B bench batch --io direct --runs 3 -n 16 --json bench-out/batch.json) ;;
     summary)  cmd=($B bench summary --dir bench-out --json bench-out/summary.json) ;;
     calibrate) cmd=($B calibrate) ;;
     compare)  cmd=(scripts/compare-decode.sh "${OLD_FLASHLM:?set OLD_FLASHLM to the older binary}" "$B" 7) ;;
     llamacpp) cmd=(scripts/compare-llamacpp.sh "${LLAMA_BENCH:?set LLAMA_BENCH to llama-bench}" 3) ;;
-    *) echo "unknown benchmark $w (calibrate, resident, layouts, io, stream, kv, ppl, types, s3, batch, summary, compare, llamacpp)" >&2; exit 2 ;;
+    *) echo "unknown benchmark $w (calibrate, threads, resident, layouts, io, stream, kv, ppl, types, s3, batch, summary, compare, llamacpp)" >&2; exit 2 ;;
   esac
   echo "## $w: ${cmd[*]}" >&2
   {

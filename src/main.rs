@@ -1,6 +1,10 @@
 use clap::Parser;
 
 fn main() {
+    // Before any thread starts and before the first GPU context: the worker threads of Mesa's
+    // software rasterizers, unless the user chose (gpu::softdriver).
+    // SAFETY: no other thread exists yet.
+    unsafe { flashlm::gpu::softdriver::tune_threads() };
     // A chat template render in a child process with limits (model::chat::sandbox).
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().map(String::as_str) == Some(flashlm::model::chat::sandbox::CHILD_ARG) {

@@ -12,6 +12,7 @@ mod resident;
 pub mod s3;
 mod stream;
 pub mod summary;
+pub mod threads;
 pub mod types;
 
 pub use resident::{ResidentReport, resident};

@@ -98,6 +98,26 @@ pub fn bench(cli: &Cli, b: &BenchArgs) -> CliResult<()> {
             println!("{}", report.to_markdown());
             save_json(json.as_deref(), &report)
         }
+        BenchKind::Threads {
+            model,
+            threads,
+            budget,
+            n,
+            rounds,
+            json,
+        } => {
+            let report = crate::bench::threads::run(&crate::bench::threads::ThreadsOptions {
+                model: resolve_model(model)?,
+                threads: threads.clone(),
+                budget: (*budget > 0).then_some(*budget),
+                tokens: *n,
+                rounds: *rounds,
+                backend: cli.backend.clone(),
+                adapter: cli.adapter.clone(),
+            })?;
+            println!("{}", report.to_markdown());
+            save_json(json.as_deref(), &report)
+        }
         BenchKind::Io {
             model,
             bytes,

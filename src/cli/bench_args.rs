@@ -198,6 +198,29 @@ pub enum BenchKind {
         #[arg(long)]
         json: Option<PathBuf>,
     },
+    /// The worker threads of Mesa's software rasterizer (LP_NUM_THREADS) side by side: decode
+    /// and prefill of child runs, all resident and under a budget, in rounds.
+    Threads {
+        /// GGUF model file (default: $FLASHLM_MODEL, else the cached SmolLM2-135M-Instruct).
+        #[arg(long, short = 'm')]
+        model: Option<PathBuf>,
+        /// Thread counts besides the driver's own (one per CPU), e.g. 4,6 (default: twice and
+        /// three times the CPUs).
+        #[arg(long, value_delimiter = ',')]
+        threads: Vec<usize>,
+        /// Device budget of the streamed scenario (0: only all resident).
+        #[arg(long, default_value = "16MiB", value_parser = parse_size_arg)]
+        budget: u64,
+        /// Decoded tokens per run.
+        #[arg(short = 'n', long, default_value = "64", value_parser = parse_tokens)]
+        n: usize,
+        /// Rounds (each runs every count and scenario once in turn; medians are reported).
+        #[arg(long, default_value = "3", value_parser = parse_runs)]
+        rounds: usize,
+        /// Write the figures as JSON.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
     /// One table of the performance model's predicted ms/token (and TTFT) against the measured
     /// figures for every scenario (resident, S1, half-model, S2, S3), from the JSON files the
     /// other bench commands wrote; a missing file or field reads "not measured".

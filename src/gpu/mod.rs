@@ -5,6 +5,7 @@ mod instance;
 mod map;
 pub mod pipeline;
 pub mod profile;
+pub mod softdriver;
 pub mod staging;
 
 use std::sync::Arc;
@@ -385,7 +386,13 @@ impl GpuContext {
 
     /// "llvmpipe (Vulkan)" style description.
     pub fn describe(&self) -> String {
-        format!("{} ({:?})", self.info.name, self.info.backend)
+        let threads = match softdriver::threads_set() {
+            Some(n) if self.info.device_type == wgpu::DeviceType::Cpu => {
+                format!(", {n} driver threads")
+            }
+            _ => String::new(),
+        };
+        format!("{} ({:?}{threads})", self.info.name, self.info.backend)
     }
 
     pub fn backend_name(&self) -> String {
