@@ -77,6 +77,10 @@ impl Engine {
             auto_in_place: po.in_place,
             fuse_norms: po.fuse_norms,
             bind_align: po.bind_align,
+            driver_threads: (ctx.info.device_type == wgpu::DeviceType::Cpu)
+                .then(crate::gpu::softdriver::threads_set)
+                .flatten()
+                .map(|n| n as u32),
         })
     }
 

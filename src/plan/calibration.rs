@@ -187,6 +187,10 @@ pub struct DeviceFacts {
     /// Storage binding offsets must be multiples of this (profiles without it: 256).
     #[serde(default = "default_bind_align")]
     pub bind_align: u64,
+    /// Worker threads of a software rasterizer (`LP_NUM_THREADS`) while it was calibrated;
+    /// None on other adapters and in profiles from before it was recorded.
+    #[serde(default)]
+    pub driver_threads: Option<u32>,
 }
 
 fn default_bind_align() -> u64 {
@@ -492,10 +496,13 @@ impl Calibration {
         ));
         if let Some(d) = self.device {
             s.push_str(&format!(
-                "| device | bindings up to {} MiB; --upload auto: {}; norms applied by the products: {} |\n",
+                "| device | bindings up to {} MiB; --upload auto: {}; norms applied by the products: {}{} |\n",
                 d.max_binding >> 20,
                 if d.auto_in_place { "in place" } else { "staging ring" },
-                if d.fuse_norms { "yes" } else { "no" }
+                if d.fuse_norms { "yes" } else { "no" },
+                d.driver_threads
+                    .map(|n| format!("; {n} driver threads"))
+                    .unwrap_or_default()
             ));
         }
         if let Some(p) = &self.probe {

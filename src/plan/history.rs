@@ -36,6 +36,11 @@ impl Entry {
         self.calibration.probe.as_ref().map(|p| p.model.as_str())
     }
 
+    /// The software rasterizer's worker threads while it was measured (None elsewhere).
+    fn driver_threads(&self) -> Option<u32> {
+        self.calibration.device.and_then(|d| d.driver_threads)
+    }
+
     /// `at` as HH:MM UTC.
     pub fn time_of_day(&self) -> String {
         let s = self.at % 86_400;
@@ -68,14 +73,15 @@ impl History {
         super::calibration::save_json(self, path)
     }
 
-    /// Add `e` as the newest, keeping the last [`KEEP`] calibrations of its adapter and model
-    /// measured at most [`MAX_AGE_S`] before it (a calibration with no speed of its own is
-    /// dropped: it cannot be ranked).
+    /// Add `e` as the newest, keeping the last [`KEEP`] calibrations of its adapter, model and
+    /// driver threads measured at most [`MAX_AGE_S`] before it (a calibration with no speed of
+    /// its own is dropped: it cannot be ranked).
     pub fn push(&mut self, e: Entry) {
         let newest = e.at;
         self.entries.retain(|o| {
             o.calibration.adapter == e.calibration.adapter
                 && o.model() == e.model()
+                && o.driver_threads() == e.driver_threads()
                 && o.at <= newest
                 && newest - o.at <= MAX_AGE_S
                 && o.resident_ms.is_finite()
@@ -191,6 +197,34 @@ mod tests {
         h.push(other);
         assert_eq!(h.entries.len(), 1);
         assert_eq!(h.median().unwrap().resident_ms, 60.0);
+    }
+
+    #[test]
+    fn calibrations_with_other_driver_threads_are_dropped() {
+        let with = |at, ms, threads| {
+            let mut e = entry(at, ms, "a");
+            e.calibration.device = Some(crate::plan::calibration::DeviceFacts {
+                max_binding: 1 << 27,
+                auto_in_place: true,
+                fuse_norms: true,
+                bind_align: 256,
+                driver_threads: threads,
+            });
+            e
+        };
+        let mut h = History::default();
+        h.push(with(1_000, 90.0, Some(2)));
+        h.push(with(1_100, 95.0, Some(2)));
+        assert_eq!(h.entries.len(), 2);
+        // The driver's workers changed: the earlier speeds say nothing of the new ones.
+        h.push(with(1_200, 60.0, Some(4)));
+        assert_eq!(h.entries.len(), 1);
+        assert_eq!(h.median().unwrap().resident_ms, 60.0);
+        h.push(with(1_300, 65.0, Some(4)));
+        assert_eq!(h.entries.len(), 2);
+        // A profile that did not record them (another adapter kind, or older) neither.
+        h.push(with(1_400, 70.0, None));
+        assert_eq!(h.entries.len(), 1);
     }
 
     #[test]
