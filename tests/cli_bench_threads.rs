@@ -76,3 +76,40 @@ fn run_names_the_driver_threads_of_a_software_rasterizer() {
     let cpu = gpu.info.device_type == wgpu::DeviceType::Cpu;
     assert_eq!(text.contains("3 driver threads"), cpu, "{text}");
 }
+
+#[test]
+fn the_driver_threads_do_not_change_the_tokens() {
+    let Some(model) = common::model_path() else {
+        return;
+    };
+    if common::gpu().is_none() {
+        return;
+    }
+    let dir = common::scratch("driver-threads-tokens");
+    let ids = |threads: &str| {
+        let stats = dir.join(format!("stats-{threads}.json"));
+        let out = Command::new(env!("CARGO_BIN_EXE_flashlm"))
+            .env("LP_NUM_THREADS", threads)
+            .args(["run", "--temp", "0", "--ignore-eos", "-n", "12", "-m"])
+            .arg(&model)
+            .args([
+                "-p",
+                "The three largest rivers of Europe are",
+                "--stats-json",
+            ])
+            .arg(&stats)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let j: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+        j["generated_ids"].clone()
+    };
+    let one = ids("1");
+    assert_eq!(one.as_array().map(Vec::len), Some(12), "{one}");
+    assert_eq!(ids("4"), one);
+}
