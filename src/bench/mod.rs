@@ -56,3 +56,29 @@ pub fn raw_cold_read(path: &std::path::Path) -> Result<(f64, bool), Box<dyn std:
     let s = t.elapsed().as_secs_f64();
     Ok((total as f64 / s / 1e9, res.effective()))
 }
+
+/// Run `flashlm run` in a child process (this executable) with the arguments and environment
+/// `configure` adds, and return the stats JSON it wrote (`--stats-json`). `what` names the run
+/// in the error when it fails.
+pub(crate) fn run_child(
+    what: &str,
+    configure: impl FnOnce(&mut std::process::Command),
+) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
+    let dir = std::env::temp_dir().join(format!("flashlm-child-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let stats = dir.join("stats.json");
+    let mut c = std::process::Command::new(std::env::current_exe()?);
+    c.arg("run");
+    configure(&mut c);
+    let out = c.arg("--stats-json").arg(&stats).output()?;
+    if !out.status.success() {
+        return Err(format!(
+            "flashlm run ({what}) failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )
+        .into());
+    }
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&stats)?)?;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(v)
+}

@@ -7,7 +7,6 @@
 //! (the program, the driver, compiled pipelines, I/O buffers).
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use serde::Serialize;
 
@@ -102,34 +101,19 @@ pub fn run_child(
     io: IoMode,
     tokens: usize,
 ) -> BenchResult<serde_json::Value> {
-    let dir = std::env::temp_dir().join(format!("flashlm-s3-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    let stats = dir.join("stats.json");
-    let out = Command::new(std::env::current_exe()?)
-        .args(["run", "--temp", "0", "-p", "The history of the world is"])
-        .arg("-n")
-        .arg(tokens.to_string())
-        .arg("-m")
-        .arg(model)
-        .arg("--gpu-budget")
-        .arg(gpu.to_string())
-        .arg("--dram-budget")
-        .arg(dram.to_string())
-        .arg("--io")
-        .arg(io.to_string())
-        .arg("--stats-json")
-        .arg(&stats)
-        .output()?;
-    if !out.status.success() {
-        return Err(format!(
-            "flashlm run failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-        .into());
-    }
-    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&stats)?)?;
-    let _ = std::fs::remove_dir_all(&dir);
-    Ok(v)
+    super::run_child("S3", |c| {
+        c.args(["--temp", "0", "-p", "The history of the world is"])
+            .arg("-n")
+            .arg(tokens.to_string())
+            .arg("-m")
+            .arg(model)
+            .arg("--gpu-budget")
+            .arg(gpu.to_string())
+            .arg("--dram-budget")
+            .arg(dram.to_string())
+            .arg("--io")
+            .arg(io.to_string());
+    })
 }
 
 pub fn run(path: Option<PathBuf>, runs: usize, tokens: usize) -> BenchResult<S3Report> {

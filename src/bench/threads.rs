@@ -4,7 +4,6 @@
 //! scenario once in turn, so that the VM's drift falls on all of them alike.
 
 use std::path::PathBuf;
-use std::process::Command;
 
 use serde::Serialize;
 
@@ -77,39 +76,24 @@ fn run_child(
     threads: usize,
     budget: Option<u64>,
 ) -> BenchResult<serde_json::Value> {
-    let dir = std::env::temp_dir().join(format!("flashlm-threads-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    let stats = dir.join("stats.json");
-    let mut c = Command::new(std::env::current_exe()?);
-    c.env(THREADS_ENV, threads.to_string())
-        .args(["run", "--temp", "0", "--ignore-eos", "--io", "direct"])
-        .args(["-p", super::BENCH_TEXT])
-        .arg("-n")
-        .arg(o.tokens.to_string())
-        .arg("-m")
-        .arg(&o.model)
-        .arg("--stats-json")
-        .arg(&stats);
-    if let Some(b) = budget {
-        c.arg("--gpu-budget").arg(b.to_string());
-    }
-    if let Some(b) = &o.backend {
-        c.arg("--backend").arg(b);
-    }
-    if let Some(a) = &o.adapter {
-        c.arg("--adapter").arg(a);
-    }
-    let out = c.output()?;
-    if !out.status.success() {
-        return Err(format!(
-            "flashlm run ({THREADS_ENV}={threads}) failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        )
-        .into());
-    }
-    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&stats)?)?;
-    let _ = std::fs::remove_dir_all(&dir);
-    Ok(v)
+    super::run_child(&format!("{THREADS_ENV}={threads}"), |c| {
+        c.env(THREADS_ENV, threads.to_string())
+            .args(["--temp", "0", "--ignore-eos", "--io", "direct"])
+            .args(["-p", super::BENCH_TEXT])
+            .arg("-n")
+            .arg(o.tokens.to_string())
+            .arg("-m")
+            .arg(&o.model);
+        if let Some(b) = budget {
+            c.arg("--gpu-budget").arg(b.to_string());
+        }
+        if let Some(b) = &o.backend {
+            c.arg("--backend").arg(b);
+        }
+        if let Some(a) = &o.adapter {
+            c.arg("--adapter").arg(a);
+        }
+    })
 }
 
 fn scenario_name(budget: Option<u64>) -> String {
