@@ -90,7 +90,17 @@ pub fn run(o: &PplOptions<'_>) -> BenchResult<PplReport> {
             backend = e.ctx.backend_name();
         }
         let t = Instant::now();
-        let rep = crate::eval::perplexity(&mut e, &list, &mut |_, _| {})?;
+        let n = list.len();
+        let rep = crate::eval::perplexity(&mut e, &list, &mut |k, acc| {
+            eprintln!(
+                "ppl {mode} ({}/{}): chunk {}/{n}, ppl so far {:.4} ({:.0} s)",
+                i + 1,
+                MODES.len(),
+                k + 1,
+                acc.ppl(),
+                t.elapsed().as_secs_f64()
+            );
+        })?;
         eprintln!(
             "ppl {mode} ({}/{}): {:.4} +/- {:.5} over {} chunks ({:.0} s)",
             i + 1,
