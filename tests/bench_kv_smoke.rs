@@ -202,6 +202,7 @@ fn bench_kv_reports_every_section_with_finite_figures() {
     // Page sizes and the rule's pick.
     assert_eq!(r.pages.len(), 1);
     assert_eq!(r.pages[0].prompt_tokens, prompt_tokens - 8);
+    assert_eq!(r.pages[0].runs, 1);
     assert!(r.pages[0].ms_per_token > 0.0 && r.pages[0].kv_flash_bytes_per_token > 0.0);
     assert_eq!(r.recommended_page_tokens, Some(16));
 
@@ -213,6 +214,7 @@ fn bench_kv_reports_every_section_with_finite_figures() {
         "| cold | ",
         "| resumed | - |",
         "| quest:50% |",
+        "every size once a round",
         "Page hit-rate model",
         "Recommended: **16 tokens per page**",
         "Goals, from the figures above",

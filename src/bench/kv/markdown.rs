@@ -174,11 +174,14 @@ impl KvReport {
         }
         if !self.pages.is_empty() {
             s.push_str(&format!(
-                "\nPage size at the S2 setting (exact attention, {}-token prompt, {} tokens decoded, no host cache, cold). \
+                "\nPage size at the S2 setting (exact attention, {}-token prompt, {} tokens decoded, no host cache, cold; \
+                 medians of {} runs, every size once a round, in reverse order every other round). \
                  Ring GB/s: bytes through the staging ring (weights and KV pages) over the I/O thread's time.\n\n\
                  | tokens per page | page bytes | ms/token | prefill tok/s | TTFT ms | KV bytes/token from flash | KV pages/token | ring GB/s | pages at home per layer | stream pool halves | peak device bytes |\n\
                  |---|---|---|---|---|---|---|---|---|---|---|\n",
-                self.pages[0].prompt_tokens, self.pages[0].decoded_tokens
+                self.pages[0].prompt_tokens,
+                self.pages[0].decoded_tokens,
+                self.pages.iter().map(|p| p.runs).max().unwrap_or(0)
             ));
             for p in &self.pages {
                 if let Some(why) = &p.not_run {

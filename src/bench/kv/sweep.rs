@@ -125,7 +125,9 @@ pub fn relative_error(predicted: f64, measured: f64) -> f64 {
 }
 
 /// Page sizes at the S2 setting (the bench's budget and I/O mode, cold, no host cache, the
-/// prompt or its first `page_sweep_tokens`), exact attention.
+/// prompt or its first `page_sweep_tokens`), exact attention. The sizes run in rounds, every
+/// size once a round, in reverse order every other round ([`round_order`]), so that the
+/// machine's drift over the sweep does not favour the size that runs first.
 pub fn pages(c: &mut Ctx<'_>, prompt: &[u32], runs: usize) -> BenchResult<Vec<PageRow>> {
     let o = c.o;
     let prompt = &prompt[..o
@@ -133,21 +135,27 @@ pub fn pages(c: &mut Ctx<'_>, prompt: &[u32], runs: usize) -> BenchResult<Vec<Pa
         .unwrap_or(prompt.len())
         .clamp(1, prompt.len())];
     let decode = o.n_gen.clamp(1, PAGE_SWEEP_DECODE);
-    let mut out = Vec::new();
+    // Each size's options, or why it does not fit the budget (a row of the table, not the end
+    // of the bench).
+    let mut sizes = Vec::new();
     for &pt in &o.page_sweep {
         let mut opts = c.opts(prompt.len() + decode, "exact")?;
         opts.kv_page = Some(pt);
-        // A size whose device window does not fit the budget is a row of the table, not the
-        // end of the bench.
-        if let Err(e) = c.build(&opts, 0) {
+        let fits = c.build(&opts, 0).map(|_| ()).map_err(|e| e.to_string());
+        if let Err(e) = &fits {
             eprintln!("page {pt}: not run: {e}");
-            out.push(PageRow::not_run(pt, prompt.len(), decode, e.to_string()));
-            continue;
         }
-        let mut stats = Vec::new();
-        let mut geo = (0, 0, 0);
-        for r in 0..runs {
-            let mut e = c.engine(&opts, 0)?;
+        sizes.push((pt, opts, fits));
+    }
+    let mut stats: Vec<Vec<_>> = sizes.iter().map(|_| Vec::new()).collect();
+    let mut geo = vec![(0, 0, 0); sizes.len()];
+    for r in 0..runs {
+        for i in round_order(sizes.len(), r) {
+            let (pt, opts, fits) = &sizes[i];
+            if fits.is_err() {
+                continue;
+            }
+            let mut e = c.engine(opts, 0)?;
             let (_, s) = e.generate(prompt, decode, &mut greedy(), |_| false, |_| true)?;
             eprintln!(
                 "page {pt} run {}: {:.1} ms/token, prefill {:.1} tok/s, KV {:.0} B/token from flash",
@@ -156,33 +164,58 @@ pub fn pages(c: &mut Ctx<'_>, prompt: &[u32], runs: usize) -> BenchResult<Vec<Pa
                 s.prefill_tok_s,
                 s.kv_flash_bytes_per_token
             );
-            geo = (e.plan.kv.home_pages, e.plan.kv.halves, e.plan.kv.page_bytes);
-            stats.push(s);
+            geo[i] = (e.plan.kv.home_pages, e.plan.kv.halves, e.plan.kv.page_bytes);
+            stats[i].push(s);
         }
+    }
+    let mut out = Vec::new();
+    for (i, (pt, _, fits)) in sizes.into_iter().enumerate() {
+        if let Err(e) = fits {
+            out.push(PageRow::not_run(pt, prompt.len(), decode, e));
+            continue;
+        }
+        let st = &stats[i];
         out.push(PageRow {
             page_tokens: pt,
             prompt_tokens: prompt.len(),
-            runs: stats.len(),
+            runs: st.len(),
             decoded_tokens: decode,
-            ms_per_token: med(&stats, |s| s.ms_per_token),
-            prefill_tok_s: med(&stats, |s| s.prefill_tok_s),
-            ttft_ms: med(&stats, |s| s.ttft_ms),
-            kv_flash_bytes_per_token: med(&stats, |s| s.kv_flash_bytes_per_token),
-            kv_pages_per_token: med(&stats, |s| s.kv_pages_per_token),
-            flash_to_gpu_gb_s: med(&stats, |s| s.flash_to_gpu_gb_s),
-            page_bytes: geo.2,
-            home_pages: geo.0,
-            halves: geo.1,
-            peak_device_bytes: stats.iter().map(|s| s.peak_device_bytes).max().unwrap_or(0),
+            ms_per_token: med(st, |s| s.ms_per_token),
+            prefill_tok_s: med(st, |s| s.prefill_tok_s),
+            ttft_ms: med(st, |s| s.ttft_ms),
+            kv_flash_bytes_per_token: med(st, |s| s.kv_flash_bytes_per_token),
+            kv_pages_per_token: med(st, |s| s.kv_pages_per_token),
+            flash_to_gpu_gb_s: med(st, |s| s.flash_to_gpu_gb_s),
+            page_bytes: geo[i].2,
+            home_pages: geo[i].0,
+            halves: geo[i].1,
+            peak_device_bytes: st.iter().map(|s| s.peak_device_bytes).max().unwrap_or(0),
             not_run: None,
         });
     }
     Ok(out)
 }
 
+/// The order of `n` items in round `r`: as given in even rounds, reversed in odd ones.
+fn round_order(n: usize, r: usize) -> Vec<usize> {
+    if r.is_multiple_of(2) {
+        (0..n).collect()
+    } else {
+        (0..n).rev().collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rounds_alternate_the_order_of_the_sizes() {
+        assert_eq!(round_order(3, 0), vec![0, 1, 2]);
+        assert_eq!(round_order(3, 1), vec![2, 1, 0]);
+        assert_eq!(round_order(3, 2), vec![0, 1, 2]);
+        assert!(round_order(0, 1).is_empty());
+    }
 
     #[test]
     fn each_context_once_and_none_above_the_prompt() {
