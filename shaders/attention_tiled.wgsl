@@ -22,8 +22,15 @@
 // heads. Each head's score is the subgroup sum of the lanes' partial dot products; chunks,
 // masking and rescaling are those of `main_tiled`.
 //
+// With LANES (CPU rasterizers with 8-wide subgroups; TILE = 8, one subgroup) the tile's lanes
+// load each K and V row between them, lane i blocks i, i + 8, ... of 8 values (NB of them),
+// and subgroup broadcasts hand every block to every lane: the driver turns each lane's load
+// into scalar loads even where all lanes read the same address, so a shared row read by every
+// lane cost a load per block per lane (prefill attention spent most of its time in them).
+//
 // Defines: HD8 = head_dim / 8; TILE (without GROUP); GROUP with G (query heads per KV head), GB and NB =
-// ceil(HD8 / 8); KV_F16 (pools of f16 pairs packed in u32 words, else f32); SOFTCAP; SWA.
+// ceil(HD8 / 8); LANES with NB (without GROUP); KV_F16 (pools of f16 pairs packed in u32 words,
+// else f32); SOFTCAP; SWA.
 
 #include "attention_params"
 
@@ -73,6 +80,65 @@ fn kv8_at(e: u32) -> array<vec4<f32>, 2> {
     return array<vec4<f32>, 2>(home[a], home[a + 1u]);
 #endif
 }
+
+#ifdef LANES
+// The stored words of the 8 values at element `e` (a multiple of 8; bit 31 selects the pool).
+#ifdef KV_F16
+alias Raw8 = vec4<u32>;
+#else
+alias Raw8 = array<vec4<f32>, 2>;
+#endif
+
+fn raw8_at(e: u32) -> Raw8 {
+    let i = e & ~STREAM;
+#ifdef KV_F16
+    if ((e & STREAM) != 0u) {
+        return strm[i >> 3u];
+    }
+    return home[i >> 3u];
+#else
+    return kv8_at(e);
+#endif
+}
+
+fn unpack8(w: Raw8) -> array<vec4<f32>, 2> {
+#ifdef KV_F16
+    return array<vec4<f32>, 2>(
+        vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y)),
+        vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w)),
+    );
+#else
+    return w;
+#endif
+}
+
+
+// Blocks [8n, 8n + 8) of 8 values of the K or V row at element `e`: each lane of the subgroup
+// loads one block and the lanes hand them round. A CPU rasterizer turns each lane's load into
+// scalar loads even where every lane reads the same address, so a row costs one load a lane
+// instead of one a block a lane.
+fn row_blocks(e: u32, n: u32, lane: u32) -> array<Raw8, 8> {
+    let w = raw8_at(e + 8u * min(8u * n + lane, HD8 - 1u));
+#ifdef KV_F16
+    return array<Raw8, 8>(
+        subgroupBroadcast(w, 0u), subgroupBroadcast(w, 1u), subgroupBroadcast(w, 2u),
+        subgroupBroadcast(w, 3u), subgroupBroadcast(w, 4u), subgroupBroadcast(w, 5u),
+        subgroupBroadcast(w, 6u), subgroupBroadcast(w, 7u)
+    );
+#else
+    var out: array<Raw8, 8>;
+    out[0] = Raw8(subgroupBroadcast(w[0], 0u), subgroupBroadcast(w[1], 0u));
+    out[1] = Raw8(subgroupBroadcast(w[0], 1u), subgroupBroadcast(w[1], 1u));
+    out[2] = Raw8(subgroupBroadcast(w[0], 2u), subgroupBroadcast(w[1], 2u));
+    out[3] = Raw8(subgroupBroadcast(w[0], 3u), subgroupBroadcast(w[1], 3u));
+    out[4] = Raw8(subgroupBroadcast(w[0], 4u), subgroupBroadcast(w[1], 4u));
+    out[5] = Raw8(subgroupBroadcast(w[0], 5u), subgroupBroadcast(w[1], 5u));
+    out[6] = Raw8(subgroupBroadcast(w[0], 6u), subgroupBroadcast(w[1], 6u));
+    out[7] = Raw8(subgroupBroadcast(w[0], 7u), subgroupBroadcast(w[1], 7u));
+    return out;
+#endif
+}
+#endif
 
 // The K base (element index with the pool bit) of KV head `kvh` in the page of list entry `e`.
 fn page_base(e: u32, kvh: u32) -> u32 {
@@ -257,7 +323,13 @@ fn main_group(@builtin(subgroup_invocation_id) lane: u32, @builtin(workgroup_id)
 }
 #else
 @compute @workgroup_size(TILE)
-fn main_tiled(@builtin(local_invocation_index) lane: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+fn main_tiled(
+    @builtin(local_invocation_index) lane: u32,
+    @builtin(workgroup_id) wid: vec3<u32>,
+#ifdef LANES
+    @builtin(subgroup_invocation_id) sl: u32,
+#endif
+) {
     let n = step.n_tokens;
     let t0 = wid.y * TILE;
     let z = wid.z;
@@ -300,10 +372,23 @@ fn main_tiled(@builtin(local_invocation_index) lane: u32, @builtin(workgroup_id)
                 let kb = cur.base + cur.r * p.kv_dim;
                 kbs[i] = kb;
                 var dotv = 0.0;
+#ifdef LANES
+                for (var n = 0u; n < NB; n++) {
+                    let blk = row_blocks(kb, n, sl);
+                    for (var j = 0u; j < 8u; j++) {
+                        let d8 = 8u * n + j;
+                        if (d8 < HD8) {
+                            let k = unpack8(blk[j]);
+                            dotv += dot(qv[2u * d8], k[0]) + dot(qv[2u * d8 + 1u], k[1]);
+                        }
+                    }
+                }
+#else
                 for (var d8 = 0u; d8 < HD8; d8++) {
                     let k = kv8_at(kb + 8u * d8);
                     dotv += dot(qv[2u * d8], k[0]) + dot(qv[2u * d8 + 1u], k[1]);
                 }
+#endif
                 var s = dotv * p.scale;
 #ifdef SOFTCAP
                 s = p.softcap * tanh_s(s / p.softcap);
@@ -332,11 +417,25 @@ fn main_tiled(@builtin(local_invocation_index) lane: u32, @builtin(workgroup_id)
                 let pj = select(0.0, exp(sv[i] - cmax), ok);
                 l += pj;
                 let vb = kbs[i] + vofs;
+#ifdef LANES
+                for (var n = 0u; n < NB; n++) {
+                    let blk = row_blocks(vb, n, sl);
+                    for (var j = 0u; j < 8u; j++) {
+                        let d8 = 8u * n + j;
+                        if (d8 < HD8) {
+                            let v = unpack8(blk[j]);
+                            acc[2u * d8] += select(vec4<f32>(0.0), pj * v[0], ok);
+                            acc[2u * d8 + 1u] += select(vec4<f32>(0.0), pj * v[1], ok);
+                        }
+                    }
+                }
+#else
                 for (var d8 = 0u; d8 < HD8; d8++) {
                     let v = kv8_at(vb + 8u * d8);
                     acc[2u * d8] += select(vec4<f32>(0.0), pj * v[0], ok);
                     acc[2u * d8 + 1u] += select(vec4<f32>(0.0), pj * v[1], ok);
                 }
+#endif
             }
         }
         m = cmax;

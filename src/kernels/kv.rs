@@ -262,9 +262,15 @@ pub fn attention_tiled(
         return Ok(None);
     }
     let tile = attention_tile_rows(ctx);
-    let defines = attn_defines(s)
+    let mut defines = attn_defines(s)
         .val("HD8", format!("{}u", s.head_dim / 8))
         .val("TILE", format!("{tile}u"));
+    if ctx.lane_kernels {
+        // The tile is one 8-lane subgroup: its lanes load a key's blocks between them.
+        defines = defines
+            .flag("LANES")
+            .val("NB", format!("{}u", (s.head_dim / 8).div_ceil(8)));
+    }
     let pipeline = ctx
         .pipelines
         .get(&ctx.device, "attention_tiled", "main_tiled", &defines)?;
