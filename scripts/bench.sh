@@ -18,8 +18,9 @@
 # e.g. KV_FLAGS="--prompt-tokens 1024 -n 64"), PPL_FLAGS to `bench ppl` (e.g. "--chunks 2"); the
 # tables name the commands as run. `ppl` times nothing and comes last in the full list, so
 # other work on the machine may overlap it.
-# Two side-by-side tables run only when asked, with what they compare against:
+# Side-by-side tables run only when asked, with what they compare against:
 #   OLD_FLASHLM=/path/to/older/flashlm scripts/bench.sh compare   # two builds, resident speed
+#   OLD_FLASHLM=/path/to/older/flashlm scripts/bench.sh compare-long   # the same on a long prompt
 #   LLAMA_BENCH=/path/to/llama-bench LLAMA_COMMIT=<hash> scripts/bench.sh llamacpp
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -65,8 +66,9 @@ for w in "${want[@]}"; do
     summary)  cmd=($B bench summary --dir bench-out --json bench-out/summary.json) ;;
     calibrate) cmd=($B calibrate) ;;
     compare)  cmd=(scripts/compare-decode.sh "${OLD_FLASHLM:?set OLD_FLASHLM to the older binary}" "$B" 7) ;;
+    compare-long) cmd=(env PROMPT_FILE=scripts/long-prompt.txt TOKENS=8 scripts/compare-decode.sh "${OLD_FLASHLM:?set OLD_FLASHLM to the older binary}" "$B" 5) ;;
     llamacpp) cmd=(scripts/compare-llamacpp.sh "${LLAMA_BENCH:?set LLAMA_BENCH to llama-bench}" 3) ;;
-    *) echo "unknown benchmark $w (calibrate, threads, resident, layouts, io, stream, kv, ppl, types, s3, batch, summary, compare, llamacpp)" >&2; exit 2 ;;
+    *) echo "unknown benchmark $w (calibrate, threads, resident, layouts, io, stream, kv, ppl, types, s3, batch, summary, compare, compare-long, llamacpp)" >&2; exit 2 ;;
   esac
   echo "## $w: ${cmd[*]}" >&2
   {
