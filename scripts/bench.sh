@@ -89,7 +89,7 @@ for w in "${want[@]}"; do
   fi
 done
 awk '
-  /^@@TABLE [a-z0-9]+@@$/ {
+  /^@@TABLE [a-z0-9-]+@@$/ {
     name = $2; sub(/@@$/, "", name); f = "bench-out/" name ".md"
     if ((getline line < f) <= 0) { print "(not yet generated: run scripts/bench.sh " name ")"; next }
     print line; while ((getline line < f) > 0) print line; close(f); next
