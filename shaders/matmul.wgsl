@@ -32,6 +32,10 @@
 // vec4 of the block's 32 X values and subgroup broadcasts hand them to the other lanes, so a
 // block costs one X load per lane and token instead of eight.
 //
+// PAIR (BLOCKS, TT > 1): each thread walks two rows, r and r + WG (WG: half the workgroup's
+// rows; with SWIGLU, of both weights), so that each load of a token's X serves twice the
+// weights (a load costs per lane on CPU rasterizers; the dot products cost much less).
+//
 // ROWS (BLOCKS, TT = 1, 32-weight blocks) with RPL (2 to 4; 1 with WIDE): the workgroup's
 // ROWS_PER_WG rows are walked by ROWS_PER_WG / RPL threads, RPL rows each (WG apart), so one X
 // load serves RPL rows, and each block's sum is d (q . x) + m (sum of x), with the sum of x
@@ -130,7 +134,11 @@ fn begin(wx: u32) -> u32 {
 #ifdef ROWS
 const WG: u32 = ROWS_PER_WG / RPL;
 #else
+#ifdef PAIR
+const WG: u32 = ROWS_PER_WG / 2u;
+#else
 const WG: u32 = ROWS_PER_WG * TPR;
+#endif
 #endif
 
 #ifdef REDUCE

@@ -198,20 +198,39 @@ fn dot_block(w: Blk, x: Xb) -> f32 {
         + dot(w.a4, x.v4) + dot(w.a5, x.v5) + dot(w.a6, x.v6) + dot(w.a7, x.v7);
 }
 
-// One token's sums for a block: (W x, W2 x).
-fn token(w: Blk, w2: Blk, i: u32, lane: u32, g: vec4<f32>, ss: ptr<function, f32>) -> vec2<f32> {
+// One token's sums for a block: (W x, W2 x) of the thread's row, and (PAIR) of its second row
+// (w3: W's, w4: W2's).
+fn token(w: Blk, w2: Blk, w3: Blk, w4: Blk, i: u32, lane: u32, g: vec4<f32>, ss: ptr<function, f32>) -> vec4<f32> {
     let xb = x_block(i, lane, g, ss);
+    var s = vec4<f32>(dot_block(w, xb), 0.0, 0.0, 0.0);
 #ifdef SWIGLU
-    return vec2<f32>(dot_block(w, xb), dot_block(w2, xb));
-#else
-    return vec2<f32>(dot_block(w, xb), 0.0);
+    s.y = dot_block(w2, xb);
 #endif
+#ifdef PAIR
+    s.z = dot_block(w3, xb);
+#ifdef SWIGLU
+    s.w = dot_block(w4, xb);
+#endif
+#endif
+    return s;
 }
 
 fn emit(t: u32, n_tok: u32, r: u32, s: vec2<f32>) {
     if (t < n_tok) {
         store(t, r, s.x, s.y);
     }
+}
+
+// A token's sums of the thread's row r (PAIR: and of row r + WG, in s.zw).
+fn emit_rows(t: u32, n_tok: u32, r: u32, s: vec4<f32>) {
+    if (r < seg_rows) {
+        emit(t, n_tok, r, s.xy);
+    }
+#ifdef PAIR
+    if (r + WG < seg_rows) {
+        emit(t, n_tok, r + WG, s.zw);
+    }
+#endif
 }
 
 // Every lane runs the whole loop (rows past the end read the last row and store nothing), so
@@ -355,6 +374,10 @@ fn blocks(ws: u32, r: u32, ty: u32, lane: u32) {
     let n_tok = select(step.n_tokens, p.n_tokens, p.n_tokens != 0u);
     let rb = row_byte(ws, min(r, seg_rows - 1u));
     let rb2 = row_byte(1u, min(r, seg_rows - 1u));
+#ifdef PAIR
+    let rc = row_byte(ws, min(r + WG, seg_rows - 1u));
+    let rc2 = row_byte(1u, min(r + WG, seg_rows - 1u));
+#endif
     let t0 = ty * TT;
     let last = n_tok - 1u;
     let xs = p.x_stride >> 2u;
@@ -368,14 +391,14 @@ fn blocks(ws: u32, r: u32, ty: u32, lane: u32) {
     let x5 = xo + min(t0 + 5u, last) * xs;
     let x6 = xo + min(t0 + 6u, last) * xs;
     let x7 = xo + min(t0 + 7u, last) * xs;
-    var s0 = vec2<f32>(0.0);
-    var s1 = vec2<f32>(0.0);
-    var s2 = vec2<f32>(0.0);
-    var s3 = vec2<f32>(0.0);
-    var s4 = vec2<f32>(0.0);
-    var s5 = vec2<f32>(0.0);
-    var s6 = vec2<f32>(0.0);
-    var s7 = vec2<f32>(0.0);
+    var s0 = vec4<f32>(0.0);
+    var s1 = vec4<f32>(0.0);
+    var s2 = vec4<f32>(0.0);
+    var s3 = vec4<f32>(0.0);
+    var s4 = vec4<f32>(0.0);
+    var s5 = vec4<f32>(0.0);
+    var s6 = vec4<f32>(0.0);
+    var s7 = vec4<f32>(0.0);
     // Sums of squares of each token's X (NORM).
     var q0 = 0.0;
     var q1 = 0.0;
@@ -390,6 +413,8 @@ fn blocks(ws: u32, r: u32, ty: u32, lane: u32) {
     // Super-block fields shared by several chunks, loaded when a new group of chunks starts.
     var hd: Hdr;
     var hd2: Hdr;
+    var hc: Hdr;
+    var hc2: Hdr;
 #endif
     for (var k = 0u; k < n_blocks; k++) {
 #ifdef SUPER
@@ -398,12 +423,29 @@ fn blocks(ws: u32, r: u32, ty: u32, lane: u32) {
 #ifdef SWIGLU
             hd2 = ext_header(1u, rb2, k);
 #endif
+#ifdef PAIR
+            hc = ext_header(ws, rc, k);
+#ifdef SWIGLU
+            hc2 = ext_header(1u, rc2, k);
+#endif
+#endif
         }
         let wb = ext_chunk(ws, hd, k);
 #ifdef SWIGLU
         let wb2 = ext_chunk(1u, hd2, k);
 #else
         let wb2 = wb;
+#endif
+#ifdef PAIR
+        let wc = ext_chunk(ws, hc, k);
+#ifdef SWIGLU
+        let wc2 = ext_chunk(1u, hc2, k);
+#else
+        let wc2 = wc;
+#endif
+#else
+        let wc = wb;
+        let wc2 = wb2;
 #endif
 #else
         let wb = load_block(ws, rb, k);
@@ -412,30 +454,41 @@ fn blocks(ws: u32, r: u32, ty: u32, lane: u32) {
 #else
         let wb2 = wb;
 #endif
+#ifdef PAIR
+        let wc = load_block(ws, rc, k);
+#ifdef SWIGLU
+        let wc2 = load_block(1u, rc2, k);
+#else
+        let wc2 = wc;
+#endif
+#else
+        let wc = wb;
+        let wc2 = wb2;
+#endif
 #endif
         let c = k * 8u;
         let g = norm_w(c, lane);
-        s0 += token(wb, wb2, x0 + c, lane, g, &q0);
+        s0 += token(wb, wb2, wc, wc2, x0 + c, lane, g, &q0);
         if (TT > 1u) {
-            s1 += token(wb, wb2, x1 + c, lane, g, &q1);
+            s1 += token(wb, wb2, wc, wc2, x1 + c, lane, g, &q1);
         }
         if (TT > 2u) {
-            s2 += token(wb, wb2, x2 + c, lane, g, &q2);
+            s2 += token(wb, wb2, wc, wc2, x2 + c, lane, g, &q2);
         }
         if (TT > 3u) {
-            s3 += token(wb, wb2, x3 + c, lane, g, &q3);
+            s3 += token(wb, wb2, wc, wc2, x3 + c, lane, g, &q3);
         }
         if (TT > 4u) {
-            s4 += token(wb, wb2, x4_ + c, lane, g, &q4);
+            s4 += token(wb, wb2, wc, wc2, x4_ + c, lane, g, &q4);
         }
         if (TT > 5u) {
-            s5 += token(wb, wb2, x5 + c, lane, g, &q5);
+            s5 += token(wb, wb2, wc, wc2, x5 + c, lane, g, &q5);
         }
         if (TT > 6u) {
-            s6 += token(wb, wb2, x6 + c, lane, g, &q6);
+            s6 += token(wb, wb2, wc, wc2, x6 + c, lane, g, &q6);
         }
         if (TT > 7u) {
-            s7 += token(wb, wb2, x7 + c, lane, g, &q7);
+            s7 += token(wb, wb2, wc, wc2, x7 + c, lane, g, &q7);
         }
     }
 #ifdef NORM
@@ -465,29 +518,27 @@ fn blocks(ws: u32, r: u32, ty: u32, lane: u32) {
         s7 *= 1.0 / sqrt(subgroupAdd(q7) / n + eps);
     }
 #endif
-    if (r < seg_rows) {
-        emit(t0, n_tok, r, s0);
-        if (TT > 1u) {
-            emit(t0 + 1u, n_tok, r, s1);
-        }
-        if (TT > 2u) {
-            emit(t0 + 2u, n_tok, r, s2);
-        }
-        if (TT > 3u) {
-            emit(t0 + 3u, n_tok, r, s3);
-        }
-        if (TT > 4u) {
-            emit(t0 + 4u, n_tok, r, s4);
-        }
-        if (TT > 5u) {
-            emit(t0 + 5u, n_tok, r, s5);
-        }
-        if (TT > 6u) {
-            emit(t0 + 6u, n_tok, r, s6);
-        }
-        if (TT > 7u) {
-            emit(t0 + 7u, n_tok, r, s7);
-        }
+    emit_rows(t0, n_tok, r, s0);
+    if (TT > 1u) {
+        emit_rows(t0 + 1u, n_tok, r, s1);
+    }
+    if (TT > 2u) {
+        emit_rows(t0 + 2u, n_tok, r, s2);
+    }
+    if (TT > 3u) {
+        emit_rows(t0 + 3u, n_tok, r, s3);
+    }
+    if (TT > 4u) {
+        emit_rows(t0 + 4u, n_tok, r, s4);
+    }
+    if (TT > 5u) {
+        emit_rows(t0 + 5u, n_tok, r, s5);
+    }
+    if (TT > 6u) {
+        emit_rows(t0 + 6u, n_tok, r, s6);
+    }
+    if (TT > 7u) {
+        emit_rows(t0 + 7u, n_tok, r, s7);
     }
 }
 #endif

@@ -181,6 +181,9 @@ pub struct MatmulLayout {
     /// (`kernels::matmul_multi`): they normalize their X themselves, so each thread loads X
     /// and the norm weights for every block, and more rows a thread share those loads.
     pub multi_rows_per_lane: u32,
+    /// Rows each thread walks in the prefill products of one weight (1 or 2): with 2, each
+    /// load of a token's X serves two rows (gated products already serve their two weights).
+    pub prefill_rows_per_lane: u32,
 }
 
 impl MatmulLayout {
@@ -193,6 +196,7 @@ impl MatmulLayout {
         load_words: 1,
         touch_bytes: 0,
         multi_rows_per_lane: 1,
+        prefill_rows_per_lane: 1,
     };
     /// CPU rasterizers (lavapipe, llvmpipe): a thread per row, no workgroup barriers; X shared
     /// through subgroups where the device has them. Eight rows make one 256-bit SIMD row; a
@@ -207,6 +211,8 @@ impl MatmulLayout {
     /// are too many short streams for the hardware prefetchers, and the touches let their
     /// misses overlap (`bench layouts` decodes with and without them). The one-dispatch Q/K/V
     /// products, which also load the norm weights for every block, walk four rows a thread.
+    /// Prefill products walk two rows a thread, half the workgroup apart: a token's X then
+    /// costs a load per two rows (a 943-token prefill took 0.86x the time of one row a thread).
     pub const CPU: Self = Self {
         rows_per_wg: 64,
         tpr: 1,
@@ -215,6 +221,7 @@ impl MatmulLayout {
         load_words: 4,
         touch_bytes: 4096,
         multi_rows_per_lane: 4,
+        prefill_rows_per_lane: 2,
     };
     /// [`Self::CPU`] without subgroup operations (what adapters without them run).
     pub const CPU_PLAIN: Self = Self {

@@ -247,6 +247,11 @@ pub(super) fn matmul_defines_rpl(
         if layout.share_x && ctx.subgroups8 && layout.rows_per_wg.is_multiple_of(8) {
             defines = defines.flag("SHARE_X");
         }
+        // Prefill products with two rows a thread (half the workgroup's rows apart, so its
+        // threads stay whole subgroups of 8).
+        if tt > 1 && layout.prefill_rows_per_lane == 2 && layout.rows_per_wg.is_multiple_of(16) {
+            defines = defines.flag("PAIR");
+        }
         // Decode with several rows a thread (at most 4), or Q4_1 / Q8_0 rows read as streams
         // of vec4s (one row a thread or more): whole subgroups of threads.
         // Streams need word-aligned rows (Q8_0: an even number of 34-byte blocks).
