@@ -369,6 +369,22 @@ fn rows(ws: u32, r: u32, t: u32, lane: u32) {
 }
 #endif
 
+#ifndef SUPER
+// Types without super-blocks have no shared fields: a placeholder, so that both kinds read
+// their blocks alike.
+alias Hdr = u32;
+#endif
+
+// Block (or super-block chunk) k of weight s: of the row at byte rb, or (SUPER) of the
+// super-block whose shared fields h holds.
+fn block_at(s: u32, h: Hdr, rb: u32, k: u32) -> Blk {
+#ifdef SUPER
+    return ext_chunk(s, h, k);
+#else
+    return load_block(s, rb, k);
+#endif
+}
+
 // Rows r of weight ws (0: W; MULTI: the segment's weight) for the token tile ty.
 fn blocks(ws: u32, r: u32, ty: u32, lane: u32) {
     let n_tok = select(step.n_tokens, p.n_tokens, p.n_tokens != 0u);
@@ -409,13 +425,12 @@ fn blocks(ws: u32, r: u32, ty: u32, lane: u32) {
     var q6 = 0.0;
     var q7 = 0.0;
     let n_blocks = p.cols / 32u;
-#ifdef SUPER
-    // Super-block fields shared by several chunks, loaded when a new group of chunks starts.
+    // Super-block fields shared by several chunks (SUPER), loaded when a new group of chunks
+    // starts: of the thread's row of W and W2, and (PAIR) of its second row.
     var hd: Hdr;
     var hd2: Hdr;
     var hc: Hdr;
     var hc2: Hdr;
-#endif
     for (var k = 0u; k < n_blocks; k++) {
 #ifdef SUPER
         if ((k % HDR_EVERY) == 0u) {
@@ -430,41 +445,23 @@ fn blocks(ws: u32, r: u32, ty: u32, lane: u32) {
 #endif
 #endif
         }
-        let wb = ext_chunk(ws, hd, k);
+#endif
+        let wb = block_at(ws, hd, rb, k);
 #ifdef SWIGLU
-        let wb2 = ext_chunk(1u, hd2, k);
+        let wb2 = block_at(1u, hd2, rb2, k);
 #else
         let wb2 = wb;
 #endif
 #ifdef PAIR
-        let wc = ext_chunk(ws, hc, k);
+        let wc = block_at(ws, hc, rc, k);
 #ifdef SWIGLU
-        let wc2 = ext_chunk(1u, hc2, k);
+        let wc2 = block_at(1u, hc2, rc2, k);
 #else
         let wc2 = wc;
 #endif
 #else
         let wc = wb;
         let wc2 = wb2;
-#endif
-#else
-        let wb = load_block(ws, rb, k);
-#ifdef SWIGLU
-        let wb2 = load_block(1u, rb2, k);
-#else
-        let wb2 = wb;
-#endif
-#ifdef PAIR
-        let wc = load_block(ws, rc, k);
-#ifdef SWIGLU
-        let wc2 = load_block(1u, rc2, k);
-#else
-        let wc2 = wc;
-#endif
-#else
-        let wc = wb;
-        let wc2 = wb2;
-#endif
 #endif
         let c = k * 8u;
         let g = norm_w(c, lane);
