@@ -17,7 +17,10 @@
 // MULTI (not with SWIGLU): up to three weights of one type and width in one dispatch, each
 // with its own rows, starting row and Y (W, W2, W3 into Y, Y2, Y3: Q, K and V from one X). The
 // grid's workgroups are cut into segments at `sg.wg0` (no workgroup straddles two), and
-// `begin` sets the segment's values for the invocation.
+// `begin` sets the segment's values for the invocation. ONEBUF: the three weights lie in W's
+// binding, each from byte `sg.base` (a layer's buffer), and one walk serves every segment;
+// else a branch per segment picks the binding (CPU rasterizers run every branch's body, the
+// lanes outside it masked).
 //
 // NORM (BLOCKS with SHARE_X): X is the residual before its RMSNorm; the product normalizes it
 // itself: X values are multiplied by the norm weight `nw4` as they are read, each lane sums the
@@ -83,16 +86,20 @@ alias Wv = u32;
 @group(0) @binding(10) var<storage, read> nw4: array<vec4<f32>>;
 #endif
 #ifdef MULTI
-// Per segment (x, y, z): rows, first workgroup, first row in its buffer, Y stride, Y offset.
+// Per segment (x, y, z): rows, first workgroup, first row in its buffer, Y stride, Y offset,
+// and (ONEBUF) the byte its weight starts at in W's binding.
 struct Segs {
     rows: vec4<u32>,
     wg0: vec4<u32>,
     row0: vec4<u32>,
     y_stride: vec4<u32>,
     y_offset: vec4<u32>,
+    base: vec4<u32>,
 }
+#ifndef ONEBUF
 @group(0) @binding(5) var<storage, read> w2: array<Wv>;
 @group(0) @binding(6) var<storage, read> w3: array<Wv>;
+#endif
 @group(0) @binding(7) var<storage, read_write> y2: array<f32>;
 @group(0) @binding(8) var<storage, read_write> y3: array<f32>;
 @group(0) @binding(9) var<uniform> sg: Segs;
@@ -104,6 +111,7 @@ var<private> seg_rows: u32;
 var<private> seg_row0: u32;
 var<private> seg_y_stride: u32;
 var<private> seg_y_offset: u32;
+var<private> seg_base: u32;
 
 // Set the segment of workgroup `wx`; returns the workgroup's index within its segment.
 fn begin(wx: u32) -> u32 {
@@ -120,6 +128,7 @@ fn begin(wx: u32) -> u32 {
     seg_row0 = sg.row0[s];
     seg_y_stride = sg.y_stride[s];
     seg_y_offset = sg.y_offset[s];
+    seg_base = sg.base[s];
     return wx - sg.wg0[s];
 #else
     seg = 0u;
@@ -127,6 +136,7 @@ fn begin(wx: u32) -> u32 {
     seg_row0 = p.w_row0;
     seg_y_stride = p.y_stride;
     seg_y_offset = p.y_offset;
+    seg_base = 0u;
     return wx;
 #endif
 }
@@ -156,12 +166,14 @@ fn wload(s: u32, i: u32) -> Wv {
     }
 #endif
 #ifdef MULTI
+#ifndef ONEBUF
     if (s == 1u) {
         return w2[i];
     }
     if (s == 2u) {
         return w3[i];
     }
+#endif
 #endif
     return w[i];
 }
@@ -178,7 +190,7 @@ fn word(s: u32, i: u32) -> u32 {
 // Byte offset of row r of weight s (0: W, 1: W2; MULTI: the segment's).
 fn row_byte(s: u32, r: u32) -> u32 {
 #ifdef MULTI
-    return (r + seg_row0) * p.row_bytes;
+    return seg_base + (r + seg_row0) * p.row_bytes;
 #else
     return (r + select(seg_row0, p.w2_row0, s == 1u)) * p.row_bytes;
 #endif

@@ -248,6 +248,9 @@ fn main(
 #endif
     let r = begin(wid.x) * ROWS_PER_WG + lid;
 #ifdef MULTI
+#ifdef ONEBUF
+    walk(0u, r, wid.y, lane);
+#else
     // One call per segment with its weight as a constant, so each reads one binding without a
     // branch per load (the segment is the same for the whole workgroup).
     if (seg == 0u) {
@@ -257,6 +260,7 @@ fn main(
     } else {
         walk(2u, r, wid.y, lane);
     }
+#endif
 #else
     walk(0u, r, wid.y, lane);
 #endif

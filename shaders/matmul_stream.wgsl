@@ -55,12 +55,14 @@ fn wtouch(s: u32, i: u32) -> u32 {
     }
 #endif
 #ifdef MULTI
+#ifndef ONEBUF
     if (s == 1u) {
         return w2[i].x;
     }
     if (s == 2u) {
         return w3[i].x;
     }
+#endif
 #endif
     return w[i].x;
 }

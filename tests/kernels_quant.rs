@@ -311,16 +311,41 @@ fn matmul_multi_three_products_every_layout() {
             _ => ty.block_len().max(32) as usize * 3,
         };
         let rows = [70usize, 37, 5];
-        let mats: Vec<(Vec<f32>, kernels::GpuWeight)> = rows
+        let stored: Vec<(Vec<f32>, Vec<u8>)> = rows
             .iter()
             .map(|&r| {
                 let b = quant::quantize(ty, &rng.vec(r * cols, 1.0));
-                let d = quant::dequantize_to_vec(ty, &b, r * cols);
-                let w = kernels::upload_weight(&ctx, "w", ty, r as u32, cols as u32, &b).unwrap();
-                (d, w)
+                (quant::dequantize_to_vec(ty, &b, r * cols), b)
             })
             .collect();
-        for layout in LAYOUTS {
+        // Each weight in its own buffer (the branch per segment), and the three side by side
+        // in one (as a layer's matrices are: read from one binding).
+        let apart: Vec<kernels::GpuWeight> = rows
+            .iter()
+            .zip(&stored)
+            .map(|(&r, (_, b))| {
+                kernels::upload_weight(&ctx, "w", ty, r as u32, cols as u32, b).unwrap()
+            })
+            .collect();
+        let layouts: Vec<kernels::WeightLayout> = rows
+            .iter()
+            .map(|&r| {
+                kernels::WeightLayout::new("w", ty, r as u32, cols as u32, ctx.max_binding())
+                    .unwrap()
+            })
+            .collect();
+        let (at, total) = kernels::packed_offsets(&layouts, 16, ctx.max_binding()).unwrap();
+        let layer = std::sync::Arc::new(ctx.storage("layer", total).unwrap());
+        let together: Vec<kernels::GpuWeight> = layouts
+            .iter()
+            .zip(&stored)
+            .zip(&at)
+            .map(|((l, (_, b)), &o)| l.upload_into(&ctx, "w", b, layer.clone(), o).unwrap())
+            .collect();
+        let mats: Vec<(&Vec<f32>, &kernels::GpuWeight, &kernels::GpuWeight)> = (0..3)
+            .map(|i| (&stored[i].0, &apart[i], &together[i]))
+            .collect();
+        for (layout, one) in LAYOUTS.into_iter().flat_map(|l| [(l, false), (l, true)]) {
             ctx.matmul_layout = layout;
             for (t_count, tt) in [(1usize, 1u32), (11, 8)] {
                 let x = rng.vec(t_count * cols, 1.0);
@@ -335,7 +360,7 @@ fn matmul_multi_three_products_every_layout() {
                         .collect();
                     let products: Vec<kernels::Product> = (0..3)
                         .map(|i| kernels::Product {
-                            w: &mats[i].1,
+                            w: if one { mats[i].2 } else { mats[i].1 },
                             y: &ys[i],
                             y_stride: rows[i] as u32,
                         })
@@ -352,10 +377,11 @@ fn matmul_multi_three_products_every_layout() {
                     for i in 0..3 {
                         let y = ctx.read_f32(&ys[i], t_count * rows[i]).unwrap();
                         let zero = vec![0f32; t_count * rows[i]];
-                        let what =
-                            format!("{ty} {layout:?} product {i} T={t_count} tt={tt} acc={acc}");
+                        let what = format!(
+                            "{ty} {layout:?} one buffer {one} product {i} T={t_count} tt={tt} acc={acc}"
+                        );
                         let base = if acc { &bases[i] } else { &zero };
-                        check(&y, &mats[i].0, &x, rows[i], cols, base, &what);
+                        check(&y, mats[i].0, &x, rows[i], cols, base, &what);
                     }
                 }
             }
@@ -373,12 +399,12 @@ fn matmul_multi_three_products_every_layout() {
         let y = ctx.storage("y", 64).unwrap();
         let mixed = [
             kernels::Product {
-                w: &mats[0].1,
+                w: mats[0].1,
                 y: &y,
                 y_stride: 1,
             },
             kernels::Product {
-                w: &mats[1].1,
+                w: mats[1].1,
                 y: &y,
                 y_stride: 1,
             },

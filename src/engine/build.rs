@@ -133,10 +133,24 @@ impl Engine {
                 None
             };
             let mats = if plan.placement.resident_layers[l] {
+                // The layer's matrices in one buffer where they fit one binding unpadded (the
+                // same bytes as apart), as a streamed layer's are in its slot.
+                let align = u64::from(ctx.limits.min_storage_buffer_offset_alignment);
+                let packed = kernels::packed_offsets(&lw.layouts, align, ctx.max_binding());
+                let layer_buf = match &packed {
+                    Some((_, total)) => Some(Arc::new(ctx.storage(&n("matrices"), *total)?)),
+                    None => None,
+                };
                 let mut m = Vec::with_capacity(lw.files.len());
-                for (t, lay) in lw.files.iter().zip(&lw.layouts) {
+                for (i, (t, lay)) in lw.files.iter().zip(&lw.layouts).enumerate() {
                     load_bytes += t.n_bytes;
-                    m.push(lay.upload(&ctx, &t.name, &read(t)?)?);
+                    let data = read(t)?;
+                    m.push(match (&packed, &layer_buf) {
+                        (Some((at, _)), Some(b)) => {
+                            lay.upload_into(&ctx, &t.name, &data, b.clone(), at[i])?
+                        }
+                        _ => lay.upload(&ctx, &t.name, &data)?,
+                    });
                 }
                 // Keep the queued writes (host copies) to one layer at a time.
                 ctx.flush()?;

@@ -23,6 +23,7 @@ struct Segs {
     row0: [u32; 4],
     y_stride: [u32; 4],
     y_offset: [u32; 4],
+    base: [u32; 4],
 }
 
 /// Device bytes of a multi-product dispatch's parameters (both uniforms).
@@ -57,6 +58,21 @@ pub fn multi_fits(products: &[Product<'_>]) -> bool {
     multi_shareable(&mats)
 }
 
+/// Where the products' weights start in the one buffer they all lie in, in bytes, when they do
+/// (one part each, at offsets the kernel can read as vec4s, in a buffer that fits a binding).
+fn one_buffer(products: &[Product<'_>], max_binding: u64) -> Option<[u32; 4]> {
+    let buf = &products.first()?.w.parts.first()?.buf;
+    let mut base = [0u32; 4];
+    for (i, pr) in products.iter().enumerate() {
+        let p = pr.w.parts.first()?;
+        if pr.w.parts.len() != 1 || !std::sync::Arc::ptr_eq(&p.buf, buf) || p.offset % 16 != 0 {
+            return None;
+        }
+        *base.get_mut(i)? = u32::try_from(p.offset).ok()?;
+    }
+    (buf.size <= max_binding.min(u64::from(u32::MAX))).then_some(base)
+}
+
 /// Y_i (+)= W_i X for each product, in one dispatch (see [`multi_fits`]), normalizing X first
 /// when `norm` is given. `io` gives X and the token axis; its `y_stride` and `y_offset` are
 /// replaced by each product's.
@@ -80,6 +96,10 @@ pub fn matmul_multi(
     let first = products[0].w;
     let rpl = ctx.matmul_layout.multi_rows_per_lane;
     let mut defines = matmul_defines_rpl(ctx, first.ty, first.cols, io, None, rpl)?.flag("MULTI");
+    let one = one_buffer(products, ctx.max_binding());
+    if one.is_some() {
+        defines = defines.flag("ONEBUF");
+    }
     if norm.is_some() {
         defines = norm_defines(ctx, first.ty, defines)?;
     }
@@ -94,6 +114,7 @@ pub fn matmul_multi(
         sg.row0[i] = 0;
         sg.y_stride[i] = pr.y_stride;
         sg.y_offset[i] = io.y_offset + pr.w.parts[0].r0;
+        sg.base[i] = one.map_or(0, |b| b[i]);
         wg += pr.w.rows.div_ceil(rpw);
     }
     let p = MatmulParams {
@@ -114,15 +135,20 @@ pub fn matmul_multi(
     let segs = params_buffer(ctx, "matmul segments", &sg)?;
     let mut bufs: Vec<(u32, BufAt<'_>)> = vec![
         (1, step.into()),
-        (2, products[0].w.bind(0)),
         (3, x.into()),
         (4, products[0].y.into()),
-        (5, products[1].w.bind(0)),
-        (6, products[2].w.bind(0)),
         (7, products[1].y.into()),
         (8, products[2].y.into()),
         (9, (&*segs).into()),
     ];
+    if one.is_some() {
+        // The whole buffer the three lie in (it fits one binding: a layer's buffer).
+        bufs.push((2, (&products[0].w.parts[0].buf.buffer).into()));
+    } else {
+        bufs.push((2, products[0].w.bind(0)));
+        bufs.push((5, products[1].w.bind(0)));
+        bufs.push((6, products[2].w.bind(0)));
+    }
     if let Some(n) = &norm {
         bufs.push((10, n.w.into()));
     }

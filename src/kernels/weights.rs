@@ -181,6 +181,32 @@ impl WeightLayout {
         Ok(self.with_parts(parts))
     }
 
+    /// Device buffers holding `data` as [`Self::upload`] makes, but at byte `offset` of `buf`,
+    /// a buffer the weight shares (see [`packed_offsets`]); one part only.
+    pub fn upload_into(
+        &self,
+        ctx: &GpuContext,
+        label: &str,
+        data: &[u8],
+        buf: Arc<GpuBuffer>,
+        offset: u64,
+    ) -> Result<GpuWeight, KernelError> {
+        let expected = self.rows as u64 * self.row_bytes as u64;
+        if data.len() as u64 != expected || self.parts.len() != 1 {
+            return Err(KernelError::Shape {
+                kernel: "upload_weight",
+                problem: format!(
+                    "{label}: {} bytes given, {expected} expected in one part ({} parts)",
+                    data.len(),
+                    self.parts.len()
+                ),
+            });
+        }
+        let w = self.placed(label, vec![(buf.clone(), offset)])?;
+        ctx.write(&buf.buffer, offset, data);
+        Ok(w)
+    }
+
     /// This layout over existing buffers (a layer slot with room for every layer that streams
     /// through it): part `i` lives in `at[i].0` from byte `at[i].1`.
     pub fn placed(
@@ -305,9 +331,59 @@ pub fn upload_weight(
     WeightLayout::new(label, ty, rows, cols, ctx.max_binding())?.upload(ctx, label, data)
 }
 
+/// Byte offsets for the weights of `layouts` side by side in one buffer, and its size, where
+/// they can share one: one part each, each part's bytes a multiple of `align` (a binding offset
+/// multiple), so that the buffer is exactly what they take apart, and all of it within one
+/// binding of `max_binding` bytes. Products can then read several of them from one binding
+/// (`matmul_multi`: Q, K and V without a branch per weight).
+pub fn packed_offsets(
+    layouts: &[WeightLayout],
+    align: u64,
+    max_binding: u64,
+) -> Option<(Vec<u64>, u64)> {
+    let mut offsets = Vec::with_capacity(layouts.len());
+    let mut total = 0u64;
+    for l in layouts {
+        let bytes = l.part_bytes(0);
+        if l.parts.len() != 1 || align == 0 || !bytes.is_multiple_of(align) {
+            return None;
+        }
+        offsets.push(total);
+        total = total.checked_add(bytes)?;
+    }
+    (!layouts.is_empty() && total <= max_binding).then_some((offsets, total))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn packed_offsets_only_without_padding_and_within_a_binding() {
+        let l = |rows: u32, cols: u32| {
+            WeightLayout::new("w", GgmlType::Q4_1, rows, cols, 1 << 20).unwrap()
+        };
+        // Q4_1 rows of 576 columns are 360 bytes: 576, 192 and 192 rows take 207360, 69120
+        // and 69120 bytes, all multiples of 32.
+        let qkv = [l(576, 576), l(192, 576), l(192, 576)];
+        assert_eq!(
+            packed_offsets(&qkv, 32, 1 << 20),
+            Some((vec![0, 207_360, 276_480], 345_600))
+        );
+        // Past the binding: apart.
+        assert_eq!(packed_offsets(&qkv, 32, 345_599), None);
+        // 3 rows of 64 columns (40 bytes each, 128 rounded): a multiple of 32 but not of 256.
+        assert_eq!(
+            packed_offsets(&[l(3, 64)], 32, 1 << 20),
+            Some((vec![0], 128))
+        );
+        assert_eq!(packed_offsets(&[l(3, 64)], 256, 1 << 20), None);
+        // More than one part (rows past one binding), or nothing: apart.
+        let split = WeightLayout::new("w", GgmlType::Q4_1, 4096, 576, 360 * 1024 + 16).unwrap();
+        assert!(split.parts.len() > 1);
+        assert_eq!(packed_offsets(&[split], 16, u64::MAX), None);
+        assert_eq!(packed_offsets(&[], 16, 1 << 20), None);
+    }
 
     #[test]
     fn row_pieces_cover_a_range_once() {
