@@ -19,8 +19,8 @@
 // grid's workgroups are cut into segments at `sg.wg0` (no workgroup straddles two), and
 // `begin` sets the segment's values for the invocation. ONEBUF: the three weights lie in W's
 // binding, each from byte `sg.base` (a layer's buffer), and one walk serves every segment;
-// else a branch per segment picks the binding (CPU rasterizers run every branch's body, the
-// lanes outside it masked).
+// else a branch per segment picks the binding (on lavapipe that branch cost about a quarter of
+// the product: every branch's body seems to run, the lanes outside it masked).
 //
 // NORM (BLOCKS with SHARE_X): X is the residual before its RMSNorm; the product normalizes it
 // itself: X values are multiplied by the norm weight `nw4` as they are read, each lane sums the
