@@ -136,20 +136,17 @@ impl Engine {
                 // The layer's matrices in one buffer where they fit one binding unpadded (the
                 // same bytes as apart), as a streamed layer's are in its slot.
                 let align = u64::from(ctx.limits.min_storage_buffer_offset_alignment);
-                let packed = kernels::packed_offsets(&lw.layouts, align, ctx.max_binding());
-                let layer_buf = match &packed {
-                    Some((_, total)) => Some(Arc::new(ctx.storage(&n("matrices"), *total)?)),
+                let packed = match kernels::packed_offsets(&lw.layouts, align, ctx.max_binding()) {
+                    Some((at, total)) => Some((at, Arc::new(ctx.storage(&n("matrices"), total)?))),
                     None => None,
                 };
                 let mut m = Vec::with_capacity(lw.files.len());
                 for (i, (t, lay)) in lw.files.iter().zip(&lw.layouts).enumerate() {
                     load_bytes += t.n_bytes;
                     let data = read(t)?;
-                    m.push(match (&packed, &layer_buf) {
-                        (Some((at, _)), Some(b)) => {
-                            lay.upload_into(&ctx, &t.name, &data, b.clone(), at[i])?
-                        }
-                        _ => lay.upload(&ctx, &t.name, &data)?,
+                    m.push(match &packed {
+                        Some((at, b)) => lay.upload_into(&ctx, &t.name, &data, b.clone(), at[i])?,
+                        None => lay.upload(&ctx, &t.name, &data)?,
                     });
                 }
                 // Keep the queued writes (host copies) to one layer at a time.

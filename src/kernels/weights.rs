@@ -156,17 +156,8 @@ impl WeightLayout {
         label: &str,
         data: &[u8],
     ) -> Result<GpuWeight, KernelError> {
+        self.check_len(label, data)?;
         let rb = self.row_bytes as usize;
-        if data.len() as u64 != self.rows as u64 * rb as u64 {
-            return Err(KernelError::Shape {
-                kernel: "upload_weight",
-                problem: format!(
-                    "{label}: {} bytes given, {} expected",
-                    data.len(),
-                    self.rows as u64 * rb as u64
-                ),
-            });
-        }
         let mut parts = Vec::with_capacity(self.parts.len());
         for &(r0, n) in &self.parts {
             let a = r0 as usize * rb;
@@ -181,8 +172,9 @@ impl WeightLayout {
         Ok(self.with_parts(parts))
     }
 
-    /// Device buffers holding `data` as [`Self::upload`] makes, but at byte `offset` of `buf`,
-    /// a buffer the weight shares (see [`packed_offsets`]); one part only.
+    /// The weight holding `data`, as [`Self::upload`] makes it, but at byte `offset` of `buf`,
+    /// a buffer it shares (see [`packed_offsets`]); one part only (else [`Self::placed`]'s
+    /// error).
     pub fn upload_into(
         &self,
         ctx: &GpuContext,
@@ -191,20 +183,22 @@ impl WeightLayout {
         buf: Arc<GpuBuffer>,
         offset: u64,
     ) -> Result<GpuWeight, KernelError> {
-        let expected = self.rows as u64 * self.row_bytes as u64;
-        if data.len() as u64 != expected || self.parts.len() != 1 {
-            return Err(KernelError::Shape {
-                kernel: "upload_weight",
-                problem: format!(
-                    "{label}: {} bytes given, {expected} expected in one part ({} parts)",
-                    data.len(),
-                    self.parts.len()
-                ),
-            });
-        }
+        self.check_len(label, data)?;
         let w = self.placed(label, vec![(buf.clone(), offset)])?;
         ctx.write(&buf.buffer, offset, data);
         Ok(w)
+    }
+
+    /// `data` must be the stored bytes of all rows.
+    fn check_len(&self, label: &str, data: &[u8]) -> Result<(), KernelError> {
+        let expected = self.rows as u64 * self.row_bytes as u64;
+        if data.len() as u64 != expected {
+            return Err(KernelError::Shape {
+                kernel: "upload_weight",
+                problem: format!("{label}: {} bytes given, {expected} expected", data.len()),
+            });
+        }
+        Ok(())
     }
 
     /// This layout over existing buffers (a layer slot with room for every layer that streams
