@@ -137,6 +137,49 @@ fn budget_below_minimum_is_reported_by_the_cli() {
 }
 
 #[test]
+fn a_directory_as_the_model_is_named_as_one() {
+    let dir = tmp("dir-model");
+    let out = bin()
+        .args(["run", "--prompt", "hi", "-m"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("is a directory"), "{err}");
+}
+
+#[test]
+fn a_context_past_the_models_length_is_capped_with_a_note() {
+    let Some(model) = common::model_path() else {
+        return;
+    };
+    let run = |ctx: &str| {
+        let out = bin()
+            .args(["plan", "--ctx", ctx, "-m"])
+            .arg(&model)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr)
+    };
+    // SmolLM2-135M's context length is 8192.
+    let text = run("100000");
+    assert!(
+        text.contains("--ctx 100000 is past the model's context length")
+            && text.contains("context 8192 tokens"),
+        "{text}"
+    );
+    let text = run("4096");
+    assert!(!text.contains("past the model's context length"), "{text}");
+    assert!(text.contains("context 4096 tokens"), "{text}");
+}
+
+#[test]
 fn missing_default_model_says_how_to_get_it() {
     let out = bin()
         .env("FLASHLM_MODEL", "/nonexistent/model.gguf")

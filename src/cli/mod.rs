@@ -37,6 +37,9 @@ pub(crate) type CliResult<T> = Result<T, Box<dyn std::error::Error>>;
 pub fn resolve_model(arg: &Option<PathBuf>) -> CliResult<PathBuf> {
     match arg {
         Some(p) => {
+            if p.is_dir() {
+                return Err(format!("{} is a directory, not a model file", p.display()).into());
+            }
             if !p.is_file() {
                 return Err(format!("model file {} does not exist", p.display()).into());
             }
@@ -83,6 +86,16 @@ pub fn engine_options(cli: &Cli, m: &ModelArgs, n_layers: usize) -> CliResult<En
     })
 }
 
+/// Say so when `--ctx` asks for more than the model's context length (the plan caps it there).
+pub fn note_ctx_cap(m: &ModelArgs, model: &LoadedModel) {
+    let max = model.cfg.context_length;
+    if let Some(c) = m.ctx
+        && c > max
+    {
+        eprintln!("note: --ctx {c} is past the model's context length; the context is {max}");
+    }
+}
+
 /// Check the flags that need no model before loading anything.
 pub fn precheck(m: &ModelArgs) -> CliResult<()> {
     // Syntax of --resident (layer numbers are checked against the model later, and can never
@@ -115,6 +128,7 @@ pub fn start_engine(
     mut opts: EngineOptions,
     n_past: usize,
 ) -> CliResult<Engine> {
+    note_ctx_cap(m, model);
     let ctx = std::sync::Arc::new(GpuContext::new(&opts.gpu)?);
     let mut mode = m.io_mode();
     let po = Engine::device_plan_options(&opts, &ctx)?;

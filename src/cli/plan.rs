@@ -3,7 +3,9 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use super::{Cli, CliResult, ModelArgs, calibration, engine_options, precheck, resolve_model};
+use super::{
+    Cli, CliResult, ModelArgs, calibration, engine_options, note_ctx_cap, precheck, resolve_model,
+};
 use crate::engine::UploadMode;
 use crate::flash::IoMode;
 use crate::model::{LoadedModel, load_model};
@@ -129,6 +131,7 @@ pub fn plan_cmd(
     precheck(m)?;
     let path = resolve_model(&m.model)?;
     let model = load_model(&path)?;
+    note_ctx_cap(m, &model);
     let opts = engine_options(cli, m, model.cfg.n_layers)?;
     let mut po = opts.plan_options();
     po.in_place = m.upload == UploadMode::InPlace;

@@ -17,6 +17,14 @@ use crate::sampling::Sampler;
 
 fn print_stats(engine: &Engine, stats: &GenStats) {
     eprintln!();
+    if stats.generated_tokens == 0 {
+        // Nothing was decoded (-n 0, or a full context): no per-token figures to give.
+        eprintln!(
+            "prefill: {} tokens, {:.1} tok/s | decode: no tokens generated",
+            stats.prompt_tokens, stats.prefill_tok_s
+        );
+        return;
+    }
     eprintln!(
         "prefill: {} tokens, {:.1} tok/s | decode: {} tokens, {:.2} tok/s ({:.1} ms/token) | TTFT {:.0} ms",
         stats.prompt_tokens,
@@ -217,15 +225,17 @@ pub fn run(cli: &Cli, a: &RunArgs) -> CliResult<()> {
     let ttft_ms = stats.ttft_ms + load_ms;
     let predicted = super::calibration().map(|cal| {
         let (p, ttft) = engine.predict(&cal, reused, prompt_ids.len() - reused, stats.selection_reuse);
+        let measured = if stats.generated_tokens == 0 {
+            "nothing decoded".to_string()
+        } else {
+            format!(
+                "{:.1} ms/token, TTFT {:.0} ms",
+                stats.ms_per_token, stats.ttft_ms
+            )
+        };
         eprintln!(
-            "predicted: {:.1} ms/token (compute {:.1}, weight I/O {:.1}, KV I/O {:.1}), TTFT {:.0} ms | measured: {:.1} ms/token, TTFT {:.0} ms",
-            p.ms_per_token,
-            p.compute_ms,
-            p.weight_io_ms,
-            p.kv_io_ms,
-            ttft,
-            stats.ms_per_token,
-            stats.ttft_ms
+            "predicted: {:.1} ms/token (compute {:.1}, weight I/O {:.1}, KV I/O {:.1}), TTFT {:.0} ms | measured: {measured}",
+            p.ms_per_token, p.compute_ms, p.weight_io_ms, p.kv_io_ms, ttft,
         );
         prediction_json(&p, ttft)
     });
