@@ -1,7 +1,8 @@
 //! The per-token schedule, checked on the order of its events in a trace: the next pass's
 //! first streamed layers are queued once the pass has submitted its last use of their slots
-//! (its output head), before the logits are read back, and the tokens stay those of the
-//! all-resident run.
+//! (its output head), before the logits are read back; the output head's first chunks are
+//! queued with the last streamed layers, before the head begins; and the tokens stay those of
+//! the all-resident run.
 mod common;
 
 use std::sync::Arc;
@@ -123,6 +124,26 @@ fn the_next_passs_first_layers_are_queued_before_the_logits_come_back() {
             n, 1,
             "pass {k} should queue the next pass's layer {first} between its embedding and its \
              wait for the logits: {host:?}"
+        );
+    }
+    // Every pass queues its head's first chunk (which streams through a layer slot) before it
+    // submits the head's first work, so its read follows the last layer's.
+    let heads: Vec<f64> = host
+        .iter()
+        .filter(|h| h.1 == "submit output norm")
+        .map(|h| h.0)
+        .collect();
+    assert_eq!(heads.len(), steps, "{host:?}");
+    for k in 0..steps {
+        let chunk0 = host
+            .iter()
+            .filter(|h| h.1 == "queue read+upload output head chunk 0" && h.0 >= embeds[k])
+            .map(|h| h.0)
+            .next()
+            .unwrap_or_else(|| panic!("pass {k} queued no head chunk 0: {host:?}"));
+        assert!(
+            chunk0 <= heads[k],
+            "pass {k} should queue the head's first chunk before the head begins: {host:?}"
         );
     }
 }

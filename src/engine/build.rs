@@ -526,6 +526,7 @@ impl Engine {
             prefill_lists,
             streamed,
             prefetched: 0,
+            head_early: Default::default(),
             pass_no: 0,
             last_submission: None,
             slot_use: vec![None; n_slots + 2],

@@ -1,7 +1,9 @@
 //! The output head: the last rows normed and multiplied by the head (resident, or streamed in
 //! row chunks through two slots or the layer slots), the logits read back (and soft-capped when
-//! the model says so). Once the head's last use of the layer slots is submitted, the next pass's
-//! first streamed layers are queued, so that they read while the logits come back.
+//! the model says so). The head's first chunks are queued during the layers, each once the last
+//! streamed layer through its slot is submitted (`prequeue_head`), so that their reads follow
+//! the last layers' at once; once the head's last use of the layer slots is submitted, the next
+//! pass's first streamed layers are queued, so that they read while the logits come back.
 
 use crate::flash::queue::Ticket;
 use crate::kernels;
@@ -63,6 +65,12 @@ impl Engine {
                 let p = if multi { rows_plan } else { plan };
                 kernels::record_all_with(&mut enc, p, 1, self.profiler.as_mut());
             }
+            if self.tracer.keeps() {
+                // Where the head begins on the host: a zero-length span.
+                let t = self.tracer.now();
+                self.tracer
+                    .span_at("submit output norm", "submit", TID_HOST, t, t);
+            }
             self.submit(enc, "output norm".into());
             if streamed {
                 self.stream_head(multi)?;
@@ -103,55 +111,28 @@ impl Engine {
     fn stream_head(&mut self, multi: bool) -> Result<(), EngineError> {
         let Head::Streamed {
             slots,
-            offsets,
-            slot_use,
             plan,
             rows_plan,
+            ..
         } = &self.head
         else {
             return Ok(());
         };
-        let hp = &self.plan.head;
-        let rb = hp.layout.row_bytes as u64;
-        let rows = hp.layout.rows as u64;
-        let n_chunks = hp.n_chunks as usize;
-        let chunk_rows = hp.chunk_rows as u64;
-        let info_off = hp.info.offset;
+        let n_chunks = self.plan.head.n_chunks as usize;
         let n_slots = slots.len().max(1);
-        // Chunk c: its file range, into its slot at its place there, and the slot's entry of
-        // `slot_use`.
-        let jobs: Vec<(Vec<OwnedReq>, usize)> = (0..n_chunks)
-            .map(|c| {
-                let r0 = c as u64 * chunk_rows;
-                let n = chunk_rows.min(rows - r0);
-                let req = OwnedReq {
-                    src_offset: info_off + r0 * rb,
-                    len: n * rb,
-                    dst: slots[c % n_slots].buffer.clone(),
-                    dst_offset: offsets[c],
-                };
-                (vec![req], slot_use[c % n_slots])
-            })
-            .collect();
         let dispatches: Vec<&kernels::Dispatch> = if multi {
             rows_plan.iter().collect()
         } else {
             plan.iter().collect()
         };
-        let in_place = self.in_place;
-        // The head's chunks are needed after the pass's last layer.
-        let need = self.need_of(self.layers.len(), false);
-        let queue = |io: &super::upload::Uploader, reqs, after| {
-            if in_place {
-                io.weights_in_place(need, reqs, Vec::new(), after)
-            } else {
-                io.weights(need, reqs, Vec::new())
-            }
-        };
-        let mut jobs = jobs.into_iter();
-        let mut tickets: std::collections::VecDeque<Ticket<JobResult>> = Default::default();
-        for (reqs, u) in jobs.by_ref().take(n_slots.min(n_chunks)) {
-            tickets.push_back(queue(&self.io_, reqs, self.slot_use[u].clone()));
+        // The first chunks may have been queued during the layers (`prequeue_head`).
+        let mut tickets = std::mem::take(&mut self.head_early);
+        let mut jobs = tickets.len()..n_chunks;
+        for c in jobs
+            .by_ref()
+            .take(n_slots.min(n_chunks).saturating_sub(tickets.len()))
+        {
+            tickets.push_back(self.queue_head_chunk(c));
         }
         let mut encs = Vec::with_capacity(n_chunks);
         for d in &dispatches {
@@ -171,11 +152,75 @@ impl Engine {
             self.submit(enc, format!("output head chunk {c}"));
             let u = jobs_use(&self.head, c);
             self.slot_use[u] = self.last_submission.clone();
-            if let Some((reqs, u)) = jobs.next() {
-                tickets.push_back(queue(&self.io_, reqs, self.slot_use[u].clone()));
+            if let Some(next) = jobs.next() {
+                tickets.push_back(self.queue_head_chunk(next));
             }
         }
         Ok(())
+    }
+
+    /// Queue output-head chunk `c` into its slot (after the submission that last read the
+    /// slot), for after the pass's last layer.
+    fn queue_head_chunk(&self, c: usize) -> Ticket<JobResult> {
+        let Head::Streamed {
+            slots,
+            offsets,
+            slot_use,
+            ..
+        } = &self.head
+        else {
+            unreachable!("only a streamed head queues chunks")
+        };
+        let hp = &self.plan.head;
+        let rb = hp.layout.row_bytes as u64;
+        let r0 = c as u64 * hp.chunk_rows as u64;
+        let n = (hp.chunk_rows as u64).min(hp.layout.rows as u64 - r0);
+        let k = c % slots.len().max(1);
+        let req = OwnedReq {
+            src_offset: hp.info.offset + r0 * rb,
+            len: n * rb,
+            dst: slots[k].buffer.clone(),
+            dst_offset: offsets[c],
+        };
+        let after = self.slot_use[slot_use[k]].clone();
+        // The head's chunks are needed after the pass's last layer.
+        let need = self.need_of(self.layers.len(), false);
+        if self.in_place {
+            self.io_
+                .weights_in_place(need, vec![req], Vec::new(), after)
+        } else {
+            self.io_.weights(need, vec![req], Vec::new())
+        }
+    }
+
+    /// Called once streamed layer `si` (index into `streamed`), past which no streamed layer
+    /// is left to queue, is submitted: queue the output head's first chunks (one a slot) whose
+    /// slots no streamed layer of this pass still has to read, so that the flash reads run on
+    /// from the last layers' into the head's instead of waiting for the head's turn.
+    pub(super) fn prequeue_head(&mut self, si: usize) {
+        let Head::Streamed { slot_use, .. } = &self.head else {
+            return;
+        };
+        let n_head_slots = slot_use.len().max(1);
+        let first = n_head_slots.min(self.plan.head.n_chunks as usize);
+        let n_s = self.streamed.len();
+        let n_slots = self.n_slots.max(1);
+        while self.head_early.len() < first {
+            let c = self.head_early.len();
+            let u = slot_use[c % n_head_slots];
+            // A layer slot is free for the head once the last streamed layer through it is
+            // submitted (the head's own slots: once the previous pass's head was).
+            if u < n_slots
+                && (0..n_s)
+                    .rev()
+                    .find(|&k| k % n_slots == u)
+                    .is_some_and(|k| k > si)
+            {
+                break;
+            }
+            let ticket = self.queue_head_chunk(c);
+            self.head_early.push_back(ticket);
+        }
     }
 }
 

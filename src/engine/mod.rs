@@ -331,6 +331,8 @@ pub struct Engine {
     weight_tickets: Vec<Option<crate::flash::queue::Ticket<upload::JobResult>>>,
     /// Streamed layers of the next pass whose uploads are already queued.
     prefetched: usize,
+    /// The output head's first chunks, queued during this pass's layers (`prequeue_head`).
+    head_early: std::collections::VecDeque<crate::flash::queue::Ticket<upload::JobResult>>,
     /// Passes begun: with the layer, the need stamp of what the transfer queue reads.
     pass_no: u64,
     /// The latest submission: a job that refills a slot waits for it (queued right after the

@@ -219,6 +219,8 @@ impl Engine {
         on_logits: &mut dyn FnMut(usize, &[f32]),
     ) -> Result<(), EngineError> {
         self.pass_no += 1;
+        // Head chunks a failed pass left queued are not this pass's.
+        self.head_early.clear();
         let t: usize = items.iter().map(|i| i.1.len()).sum();
         // (sequence, first position, end position) of each item.
         let spans: Vec<(u32, usize, usize)> = items
@@ -497,12 +499,17 @@ impl Engine {
                 // The layer's last submission is the last to read its slot.
                 self.slot_use[si % self.n_slots.max(1)] = self.last_submission.clone();
                 let next = si + self.n_slots;
+                let next_waits = l + 1 < self.layers.len() && waits(l + 1, &lagged);
                 if next < n_s {
-                    if l + 1 < self.layers.len() && waits(l + 1, &lagged) {
+                    if next_waits {
                         deferred = Some(next);
                     } else {
                         self.queue_weights(next, false);
                     }
+                } else if !want.is_empty() && !next_waits {
+                    // Past the last streamed layer: the output head's chunks take the slots
+                    // the layers leave.
+                    self.prequeue_head(si);
                 }
             }
             if l + 1 < self.layers.len() && next_kv.is_empty() {
