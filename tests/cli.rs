@@ -180,6 +180,34 @@ fn a_context_past_the_models_length_is_capped_with_a_note() {
 }
 
 #[test]
+fn a_run_without_decode_steps_gives_no_per_token_figures() {
+    let Some(model) = common::model_path() else {
+        return;
+    };
+    if common::gpu().is_none() {
+        return;
+    }
+    for (n, says) in [
+        ("0", "decode: no tokens generated"),
+        ("1", "decode: 1 token (from the prefill), no decode steps"),
+    ] {
+        let out = bin()
+            .args(["run", "--prompt", "The capital of France is", "-n", n, "-m"])
+            .arg(&model)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "-n {n}: {err}");
+        assert!(err.contains(says), "-n {n}: {err}");
+        assert!(
+            !err.contains("tok/s (") && !err.contains("overlap efficiency"),
+            "-n {n}: {err}"
+        );
+        assert!(err.contains("peak device memory"), "-n {n}: {err}");
+    }
+}
+
+#[test]
 fn missing_default_model_says_how_to_get_it() {
     let out = bin()
         .env("FLASHLM_MODEL", "/nonexistent/model.gguf")

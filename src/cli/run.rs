@@ -17,14 +17,39 @@ use crate::sampling::Sampler;
 
 fn print_stats(engine: &Engine, stats: &GenStats) {
     eprintln!();
-    if stats.generated_tokens == 0 {
-        // Nothing was decoded (-n 0, or a full context): no per-token figures to give.
+    if stats.generated_tokens <= 1 {
+        // No decode step ran (-n 0 or 1, a full context, or an end token at once): no
+        // per-token figures to give.
+        let tokens = if stats.generated_tokens == 0 {
+            "no tokens generated".to_string()
+        } else {
+            format!(
+                "1 token (from the prefill), no decode steps | TTFT {:.0} ms",
+                stats.ttft_ms
+            )
+        };
         eprintln!(
-            "prefill: {} tokens, {:.1} tok/s | decode: no tokens generated",
+            "prefill: {} tokens, {:.1} tok/s | decode: {tokens}",
             stats.prompt_tokens, stats.prefill_tok_s
         );
-        return;
+    } else {
+        print_decode_stats(engine, stats);
     }
+    eprintln!(
+        "peak device memory: {:.2} MiB of {} | adapter: {} | backend: {}",
+        stats.peak_device_bytes as f64 / 1048576.0,
+        if engine.placement.budget == u64::MAX {
+            "no budget".to_string()
+        } else {
+            format!("{:.2} MiB", engine.placement.budget as f64 / 1048576.0)
+        },
+        engine.ctx.info.name,
+        engine.ctx.backend_name()
+    );
+}
+
+/// The per-token figures of a run that decoded.
+fn print_decode_stats(engine: &Engine, stats: &GenStats) {
     eprintln!(
         "prefill: {} tokens, {:.1} tok/s | decode: {} tokens, {:.2} tok/s ({:.1} ms/token) | TTFT {:.0} ms",
         stats.prompt_tokens,
@@ -62,17 +87,6 @@ fn print_stats(engine: &Engine, stats: &GenStats) {
             }
         );
     }
-    eprintln!(
-        "peak device memory: {:.2} MiB of {} | adapter: {} | backend: {}",
-        stats.peak_device_bytes as f64 / 1048576.0,
-        if engine.placement.budget == u64::MAX {
-            "no budget".to_string()
-        } else {
-            format!("{:.2} MiB", engine.placement.budget as f64 / 1048576.0)
-        },
-        engine.ctx.info.name,
-        engine.ctx.backend_name()
-    );
 }
 
 /// A progress line on stderr for prompts whose prefill takes more than a second.
@@ -226,7 +240,9 @@ pub fn run(cli: &Cli, a: &RunArgs) -> CliResult<()> {
     let predicted = super::calibration().map(|cal| {
         let (p, ttft) = engine.predict(&cal, reused, prompt_ids.len() - reused, stats.selection_reuse);
         let measured = if stats.generated_tokens == 0 {
-            "nothing decoded".to_string()
+            "nothing generated".to_string()
+        } else if stats.generated_tokens == 1 {
+            format!("no decode steps, TTFT {:.0} ms", stats.ttft_ms)
         } else {
             format!(
                 "{:.1} ms/token, TTFT {:.0} ms",
