@@ -452,10 +452,14 @@ fn direct_in_place_reads_of_whole_pages_give_identical_tokens() {
     let steps = 6;
     let mut got = Vec::new();
     let mut bounced = Vec::new();
-    for (mode, threads) in [
-        (UploadMode::Staging, 1),
-        (UploadMode::InPlace, 1),
-        (UploadMode::InPlace, 3),
+    // In place, each layer's matrices lie in their slot as in the file and a layer is one read;
+    // with bindings of 256 KiB the FFN matrices come in two parts, and each part is a read of
+    // its own into a region of its own.
+    for (mode, threads, binding) in [
+        (UploadMode::Staging, 1, None),
+        (UploadMode::InPlace, 1, None),
+        (UploadMode::InPlace, 3, None),
+        (UploadMode::InPlace, 3, Some(256 << 10)),
     ] {
         let file = match FlashFile::open(
             &path,
@@ -482,9 +486,15 @@ fn direct_in_place_reads_of_whole_pages_give_identical_tokens() {
         // The output head in chunks through the layer slots, as under a tight budget.
         o.head_chunk = None;
         o.resident = ResidentSpec::parse("none", spec.n_layers).unwrap();
+        o.max_binding = binding;
         let mut e = Engine::with_source(gguf.clone(), source.clone(), &o).unwrap();
         assert!(e.placement.streaming);
         assert_eq!(e.in_place, mode == UploadMode::InPlace);
+        assert_eq!(
+            e.plan.slot.span,
+            e.in_place && binding.is_none(),
+            "{mode:?} {threads} {binding:?}"
+        );
         source.file().reset_counters();
         got.push(run(&mut e, &prompt, steps));
         bounced.push(source.file().bounced_bytes());
@@ -497,7 +507,8 @@ fn direct_in_place_reads_of_whole_pages_give_identical_tokens() {
     let tokens = (prompt.len() + steps) as u64;
     let rows = 2 * 4096 * tokens;
     assert!(bounced[0] > rows, "staging: {} bytes bounced", bounced[0]);
-    for (i, &b) in bounced.iter().enumerate().skip(1) {
+    // (With bindings of 256 KiB the parts' buffers are too small for room around them all.)
+    for (i, &b) in bounced.iter().enumerate().skip(1).take(2) {
         assert!(b <= rows, "case {i}: {b} bytes bounced in place");
     }
 }

@@ -68,6 +68,26 @@ pub(super) fn plan_rounds(
         .collect()
 }
 
+/// `reqs` as one request, when they are one run of the file into one buffer, each at the same
+/// distance from the first as in the file.
+fn one_read(reqs: &[OwnedReq]) -> Option<OwnedReq> {
+    let first = reqs.iter().min_by_key(|r| r.src_offset)?;
+    let mut end = first.src_offset;
+    for r in reqs {
+        let d = r.src_offset - first.src_offset;
+        if r.dst != first.dst || r.dst_offset.checked_sub(first.dst_offset)? != d {
+            return None;
+        }
+        end = end.max(r.src_offset + r.len);
+    }
+    Some(OwnedReq {
+        src_offset: first.src_offset,
+        len: end - first.src_offset,
+        dst: first.dst.clone(),
+        dst_offset: first.dst_offset,
+    })
+}
+
 impl Engine {
     /// The need stamp of layer `l`'s bytes in this pass (`next`: in the pass after it): layers
     /// count on across passes, the output head after the last layer.
@@ -102,6 +122,12 @@ impl Engine {
                 });
             }
             hints.push((t.offset, t.n_bytes));
+        }
+        if self.plan.slot.span
+            && let Some(one) = one_read(&reqs)
+        {
+            // The layer lies in its slot as in the file: one read.
+            reqs = vec![one];
         }
         let after = self.slot_use[si % self.n_slots.max(1)].clone();
         self.weight_tickets[si] = Some(if self.in_place {

@@ -62,6 +62,26 @@ pub(super) fn layer_slots(
             return Err(EngineError::MissingTensor("a layer slot".into()));
         };
         let mut m = Vec::with_capacity(lw.files.len());
+        if plan.slot.span {
+            // The layer as it lies in the file, placed as its first byte sits within a page.
+            let Some((start, len)) = crate::plan::slots::layer_span(lw, plan.slot.align) else {
+                return Err(EngineError::MissingTensor(format!(
+                    "layer {l} as one run of the file"
+                )));
+            };
+            let whole = crate::plan::slots::Region {
+                buffer: 0,
+                start: 0,
+                size: plan.slot.buffers[0],
+            };
+            let at = plan.slot.place(whole, len, start, bases[0]);
+            for (t, lay) in lw.files.iter().zip(&lw.layouts) {
+                let offset = at + (t.offset - start);
+                m.push(lay.placed(&t.name, vec![(bufs[0].clone(), offset)])?);
+            }
+            stream_mats.push(Mats::new(lw.roles.clone(), m)?);
+            continue;
+        }
         for ((t, lay), regions) in lw.files.iter().zip(&lw.layouts).zip(&plan.slot.regions) {
             let mut at = Vec::with_capacity(lay.parts.len());
             for (&(r0, n), r) in lay.parts.iter().zip(regions) {

@@ -70,6 +70,32 @@ pub struct SlotLayout {
     pub slack: u64,
     /// Binding offsets must be multiples of this.
     pub align: u64,
+    /// One region for a whole layer: each streamed layer's matrices sit in the slot as they
+    /// lie in the file ([`layer_span`]), so that the layer is one read (no `regions`).
+    pub span: bool,
+}
+
+/// Where layer `lw`'s matrices lie as one run of the file that a slot can take as it is: (file
+/// offset, bytes) of the run, when each matrix is one part, every matrix starts at a multiple
+/// of the binding alignment `align`, and the run holds little besides them (at most 1/32 more:
+/// the layer's norms, say). A layer read in place is then one read instead of one per matrix,
+/// split over the reader's threads like any long read (a layer's matrices are a few short
+/// reads, most of them on one thread each, and the longest of them bounds the layer).
+pub fn layer_span(lw: &LayerWeights, align: u64) -> Option<(u64, u64)> {
+    let align = align.max(16);
+    let mut start = u64::MAX;
+    let mut end = 0u64;
+    let mut bytes = 0u64;
+    for (t, lay) in lw.files.iter().zip(&lw.layouts) {
+        if lay.parts.len() != 1 || !t.offset.is_multiple_of(align) {
+            return None;
+        }
+        start = start.min(t.offset);
+        end = end.max(t.offset.checked_add(t.n_bytes)?);
+        bytes += t.n_bytes;
+    }
+    let len = end.checked_sub(start)?;
+    (len > 0 && len - bytes.min(len) <= len / 32).then_some((start, len))
 }
 
 impl SlotLayout {
@@ -115,7 +141,21 @@ impl SlotLayout {
             regions,
             slack,
             align,
+            span: false,
         }
+    }
+
+    /// One buffer with room for a run of the file of `span` bytes placed as it lies within a
+    /// page (see [`layer_span`]), if that fits one binding of `cap` bytes.
+    pub fn spans(span: u64, cap: u64, align: u64) -> Option<Self> {
+        let size = (round16(span) + SLACK).div_ceil(PAGE) * PAGE;
+        (size <= cap).then(|| Self {
+            buffers: vec![size],
+            regions: Vec::new(),
+            slack: SLACK,
+            align: align.max(16),
+            span: true,
+        })
     }
 
     /// Device bytes of one slot.
@@ -209,6 +249,77 @@ fn gcd(a: u64, b: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gguf::{GgmlType, TensorInfo};
+    use crate::kernels::WeightLayout;
+    use crate::model::tensors::MatrixRole;
+
+    /// A layer of Q4_1 matrices of (rows, file offset), 256 columns (160 bytes a row), parts of
+    /// at most `binding` bytes.
+    fn layer(mats: &[(u32, u64)], binding: u64) -> LayerWeights {
+        let mut lw = LayerWeights {
+            roles: Vec::new(),
+            files: Vec::new(),
+            layouts: Vec::new(),
+        };
+        for (i, &(rows, offset)) in mats.iter().enumerate() {
+            let name = format!("m{i}");
+            let lay = WeightLayout::new(&name, GgmlType::Q4_1, rows, 256, binding).unwrap();
+            lw.files.push(TensorInfo {
+                name,
+                dims: vec![256, rows as u64],
+                ty: GgmlType::Q4_1,
+                rel_offset: offset,
+                offset,
+                n_elements: 256 * rows as u64,
+                n_bytes: 160 * rows as u64,
+            });
+            lw.layouts.push(lay);
+            lw.roles.push(MatrixRole::Q);
+        }
+        lw
+    }
+
+    #[test]
+    fn a_layer_whose_matrices_are_one_run_of_the_file_is_read_as_one() {
+        // 100, 64 and 300 rows back to back from byte 4,128: one run of 74,240 bytes.
+        let lw = layer(&[(100, 4128), (64, 20_128), (300, 30_368)], 1 << 20);
+        assert_eq!(layer_span(&lw, 16), Some((4128, 74_240)));
+        // Out of file order: the same run.
+        let lw = layer(&[(300, 30_368), (100, 4128), (64, 20_128)], 1 << 20);
+        assert_eq!(layer_span(&lw, 16), Some((4128, 74_240)));
+        // A gap of 2,304 bytes (a norm) in 74,240: within 1/32, read with the run.
+        let lw = layer(&[(100, 4128), (64, 22_432), (300, 32_672)], 1 << 20);
+        assert_eq!(layer_span(&lw, 16), Some((4128, 76_544)));
+        // A gap of 8 KiB: more than 1/32 of the run, so each matrix is read on its own.
+        let lw = layer(&[(100, 4128), (64, 28_320), (300, 38_560)], 1 << 20);
+        assert_eq!(layer_span(&lw, 16), None);
+        // A matrix that does not start at a multiple of the binding alignment.
+        let lw = layer(&[(100, 4128), (64, 20_128), (300, 30_368)], 1 << 20);
+        assert_eq!(layer_span(&lw, 256), None);
+        // A matrix in two parts (bindings of 32 KiB).
+        assert_eq!(layer_span(&layer(&[(300, 4096)], 32 << 10), 16), None);
+    }
+
+    #[test]
+    fn a_run_slot_has_two_pages_of_room_and_fits_one_binding() {
+        let l = SlotLayout::spans(74_240, 1 << 20, 16).unwrap();
+        assert!(l.span && l.regions.is_empty());
+        assert_eq!(
+            l.buffers,
+            vec![74_240usize.div_ceil(4096) as u64 * 4096 + 8192]
+        );
+        assert_eq!(l.slack, SLACK);
+        // The run placed as its first byte sits within a page (buffer mapped at a page).
+        let whole = Region {
+            buffer: 0,
+            start: 0,
+            size: l.buffers[0],
+        };
+        assert_eq!(l.place(whole, 74_240, 4128, Some(0)) % PAGE, 4128 % PAGE);
+        assert!(l.place(whole, 74_240, 4128, Some(0)) + 74_240 <= l.buffers[0]);
+        // Past one binding: none.
+        assert_eq!(SlotLayout::spans(1 << 20, 1 << 20, 16), None);
+    }
 
     #[test]
     fn regions_pack_in_order_and_split_at_the_cap() {
