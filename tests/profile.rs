@@ -60,3 +60,28 @@ fn profile_table_sums_to_the_measured_time() {
         "{table}"
     );
 }
+
+/// `bench resident`'s roofline kernel and device copies stream each resident weight buffer
+/// once: the bytes they move are those the decode products read (a layer's matrices share one
+/// buffer; streaming it once per matrix had counted it seven times).
+#[test]
+fn the_roofline_streams_the_bytes_the_products_read() {
+    if common::gpu().is_none() {
+        return;
+    }
+    let Some(path) = common::model_path() else {
+        return;
+    };
+    let gguf = Arc::new(GgufFile::open(&path).unwrap());
+    let o = EngineOptions {
+        ctx: Some(128),
+        ..Default::default()
+    };
+    let e = Engine::new(gguf, &o).unwrap();
+    let read = e.matvec_weight_bytes();
+    let streamed = e.resident_weight_bytes();
+    assert!(
+        streamed >= read && streamed <= read + read / 100,
+        "roofline streams {streamed} bytes, the products read {read}"
+    );
+}

@@ -132,7 +132,7 @@ impl Engine {
             .by_ref()
             .take(n_slots.min(n_chunks).saturating_sub(tickets.len()))
         {
-            tickets.push_back(self.queue_head_chunk(c));
+            tickets.extend(self.queue_head_chunk(c));
         }
         let mut encs = Vec::with_capacity(n_chunks);
         for d in &dispatches {
@@ -153,15 +153,15 @@ impl Engine {
             let u = jobs_use(&self.head, c);
             self.slot_use[u] = self.last_submission.clone();
             if let Some(next) = jobs.next() {
-                tickets.push_back(self.queue_head_chunk(next));
+                tickets.extend(self.queue_head_chunk(next));
             }
         }
         Ok(())
     }
 
     /// Queue output-head chunk `c` into its slot (after the submission that last read the
-    /// slot), for after the pass's last layer.
-    fn queue_head_chunk(&self, c: usize) -> Ticket<JobResult> {
+    /// slot), for after the pass's last layer (None: the head does not stream).
+    fn queue_head_chunk(&self, c: usize) -> Option<Ticket<JobResult>> {
         let Head::Streamed {
             slots,
             offsets,
@@ -169,7 +169,7 @@ impl Engine {
             ..
         } = &self.head
         else {
-            unreachable!("only a streamed head queues chunks")
+            return None;
         };
         let hp = &self.plan.head;
         let rb = hp.layout.row_bytes as u64;
@@ -185,12 +185,12 @@ impl Engine {
         let after = self.slot_use[slot_use[k]].clone();
         // The head's chunks are needed after the pass's last layer.
         let need = self.need_of(self.layers.len(), false);
-        if self.in_place {
+        Some(if self.in_place {
             self.io_
                 .weights_in_place(need, vec![req], Vec::new(), after)
         } else {
             self.io_.weights(need, vec![req], Vec::new())
-        }
+        })
     }
 
     /// Called once streamed layer `si` (index into `streamed`), past which no streamed layer
@@ -218,7 +218,9 @@ impl Engine {
             {
                 break;
             }
-            let ticket = self.queue_head_chunk(c);
+            let Some(ticket) = self.queue_head_chunk(c) else {
+                return;
+            };
             self.head_early.push_back(ticket);
         }
     }

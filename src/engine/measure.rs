@@ -68,20 +68,37 @@ impl Engine {
         Ok((t0.elapsed().as_secs_f64(), bytes / reps.max(1) as u64))
     }
 
-    /// Copy every resident weight buffer the decode products read `reps` times (a plain device
-    /// memcpy of the same bytes); returns seconds.
-    pub fn time_weight_copies(&mut self, reps: usize) -> Result<f64, EngineError> {
-        let mut parts: Vec<&GpuBuffer> = Vec::new();
+    /// The resident weights' device buffers, each once (a resident layer's matrices may share
+    /// one buffer: streaming it once per matrix would count its bytes that many times).
+    fn resident_weight_buffers(&self) -> Vec<&GpuBuffer> {
+        let mut weights: Vec<&crate::kernels::GpuWeight> = Vec::new();
         for l in &self.layers {
             if let Some(m) = &l.mats {
-                for w in m.all() {
-                    parts.extend(w.parts.iter().map(|p| &*p.buf));
-                }
+                weights.extend(m.all());
             }
         }
         if let Head::Resident { w, .. } = &self.head {
-            parts.extend(w.parts.iter().map(|p| &*p.buf));
+            weights.push(w);
         }
+        let mut bufs: Vec<&GpuBuffer> = Vec::new();
+        for p in weights.iter().flat_map(|w| &w.parts) {
+            if !bufs.iter().any(|b| std::ptr::eq(*b, &*p.buf)) {
+                bufs.push(&*p.buf);
+            }
+        }
+        bufs
+    }
+
+    /// Bytes of the buffers [`Self::time_roofline`] and [`Self::time_weight_copies`] stream
+    /// each time: the resident weights' (what the decode products read, and any padding).
+    pub fn resident_weight_bytes(&self) -> u64 {
+        self.resident_weight_buffers().iter().map(|b| b.size).sum()
+    }
+
+    /// Copy every resident weight buffer the decode products read `reps` times (a plain device
+    /// memcpy of the same bytes); returns seconds.
+    pub fn time_weight_copies(&mut self, reps: usize) -> Result<f64, EngineError> {
+        let parts = self.resident_weight_buffers();
         let max = parts.iter().map(|b| b.size).max().unwrap_or(16);
         let scratch = self.ctx.storage("copy scratch", max)?;
         self.ctx.wait()?;
@@ -100,17 +117,7 @@ impl Engine {
     /// Stream every resident weight buffer `reps` times with the roofline kernel (one XOR per
     /// 16 bytes); returns seconds.
     pub fn time_roofline(&mut self, reps: usize) -> Result<f64, EngineError> {
-        let mut parts: Vec<&GpuBuffer> = Vec::new();
-        for l in &self.layers {
-            if let Some(m) = &l.mats {
-                for w in m.all() {
-                    parts.extend(w.parts.iter().map(|p| &*p.buf));
-                }
-            }
-        }
-        if let Head::Resident { w, .. } = &self.head {
-            parts.extend(w.parts.iter().map(|p| &*p.buf));
-        }
+        let parts = self.resident_weight_buffers();
         // About 16 words per thread: enough workgroups to fill a device, few enough that
         // starting them costs little; each writes one word.
         let groups = |bytes: u64| (bytes / 16).div_ceil(256 * 16).clamp(1, 65_535) as u32;

@@ -72,7 +72,7 @@ pub(super) fn layer_slots(
             let whole = crate::plan::slots::Region {
                 buffer: 0,
                 start: 0,
-                size: plan.slot.buffers[0],
+                size: plan.slot.buffers.first().copied().unwrap_or(0),
             };
             let at = plan.slot.place(whole, len, start, bases[0]);
             for (t, lay) in lw.files.iter().zip(&lw.layouts) {

@@ -432,29 +432,7 @@ impl ExecPlan {
         } else {
             o.ring_slots
         };
-        // One buffer a slot where the parts fit one binding; with reads straight into mapped
-        // slots, a layer as it lies in the file where every layer allows that (one read a
-        // layer), else room around each part so that direct reads of whole pages land in place.
-        let span = o
-            .in_place
-            .then(|| {
-                let spans: Option<Vec<u64>> = layers
-                    .iter()
-                    .map(|lw| slots::layer_span(lw, o.bind_align).map(|s| s.1))
-                    .collect();
-                spans?.into_iter().max()
-            })
-            .flatten();
-        let slot = span
-            .and_then(|s| slots::SlotLayout::spans(s, max_binding, o.bind_align))
-            .unwrap_or_else(|| {
-                slots::SlotLayout::new(
-                    &slots::slot_parts(&layers),
-                    max_binding,
-                    o.bind_align,
-                    if o.in_place { slots::SLACK } else { 0 },
-                )
-            });
+        let slot = slots::SlotLayout::for_layers(&layers, o.in_place, max_binding, o.bind_align);
         let slot_bytes = slot.bytes();
         let slot_chunks = if o.head_chunk.is_none() {
             slots::HeadChunks::in_slots(&slot, head_row, head_rows, max_binding)

@@ -145,6 +145,32 @@ impl SlotLayout {
         }
     }
 
+    /// A layer slot for `layers`: one buffer a slot where the parts fit one binding of `cap`
+    /// bytes; with reads straight into mapped slots (`in_place`), a layer as it lies in the file
+    /// where every layer is one run of it ([`layer_span`]: one read a layer), else room around
+    /// each part so that direct reads of whole pages land in place.
+    pub fn for_layers(layers: &[LayerWeights], in_place: bool, cap: u64, align: u64) -> Self {
+        let span = || -> Option<u64> {
+            let spans: Option<Vec<u64>> = layers
+                .iter()
+                .map(|lw| layer_span(lw, align).map(|s| s.1))
+                .collect();
+            spans?.into_iter().max()
+        };
+        in_place
+            .then(span)
+            .flatten()
+            .and_then(|s| Self::spans(s, cap, align))
+            .unwrap_or_else(|| {
+                Self::new(
+                    &slot_parts(layers),
+                    cap,
+                    align,
+                    if in_place { SLACK } else { 0 },
+                )
+            })
+    }
+
     /// One buffer with room for a run of the file of `span` bytes placed as it lies within a
     /// page (see [`layer_span`]), if that fits one binding of `cap` bytes.
     pub fn spans(span: u64, cap: u64, align: u64) -> Option<Self> {

@@ -247,7 +247,8 @@ pub struct RunIo {
 impl RunIo {
     /// Piece size and readers of one flash read under a staging ring of `ring_chunk`-byte
     /// slots: through the ring a read fills one slot at a time, split into pieces of at most
-    /// `piece` bytes over at most `threads` readers; read in place it fills a whole matrix part.
+    /// `piece` bytes over at most `threads` readers; read in place it fills a whole layer (one
+    /// run of the file, `slots::layer_span`) or matrix part, in pieces over all the readers.
     pub fn read_shape(&self, ring_chunk: u64) -> (u64, usize) {
         if self.in_place {
             return (self.piece.max(1), self.threads.max(1));
