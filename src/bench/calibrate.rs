@@ -352,6 +352,7 @@ pub fn run(model: &LoadedModel, gpu: &GpuOptions) -> BenchResult<Entry> {
         .unwrap_or(0);
     Ok(Entry {
         at,
+        method: crate::plan::history::METHOD,
         resident_ms,
         calibration: cal,
     })

@@ -23,11 +23,19 @@ pub const KEEP: usize = 5;
 /// hour to the next), and calibrations from before such a move would outvote the new ones.
 pub const MAX_AGE_S: u64 = 3600;
 
+/// The way `calibrate` measures now; a calibration measured another way (older entries read as
+/// 0) is dropped from the history, so that it never outvotes the new ones. 1: flash sweep
+/// points read a little outside their range, untimed, before their timed read.
+pub const METHOD: u32 = 1;
+
 /// One calibration and the machine's speed while it was measured.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Entry {
     /// When it was measured, seconds since the Unix epoch.
     pub at: u64,
+    /// How it was measured ([`METHOD`] when it was).
+    #[serde(default)]
+    pub method: u32,
     /// The resident decode the in-pass compute factor was fitted on, ms/token (median of the
     /// calibration's runs): the machine's speed while the constants were measured.
     pub resident_ms: f64,
@@ -86,6 +94,7 @@ impl History {
             o.calibration.adapter == e.calibration.adapter
                 && o.model() == e.model()
                 && o.driver_threads() == e.driver_threads()
+                && o.method == e.method
                 && o.at <= newest
                 && newest - o.at <= MAX_AGE_S
                 && o.resident_ms.is_finite()
@@ -149,9 +158,28 @@ mod tests {
         c.compute_scale = resident_ms / 100.0;
         Entry {
             at,
+            method: METHOD,
             resident_ms,
             calibration: c,
         }
+    }
+
+    #[test]
+    fn calibrations_measured_another_way_are_dropped() {
+        let mut h = History::default();
+        let mut old = entry(1000, 50.0, "a");
+        old.method = 0;
+        h.push(old);
+        h.push(entry(1100, 60.0, "a"));
+        assert_eq!(h.entries.len(), 1);
+        assert_eq!(h.entries[0].method, METHOD);
+        // An entry saved before the field existed reads as method 0.
+        let text = serde_json::to_string(&entry(1, 1.0, "a")).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let mut m = v.as_object().unwrap().clone();
+        m.remove("method");
+        let e: Entry = serde_json::from_value(serde_json::Value::Object(m)).unwrap();
+        assert_eq!(e.method, 0);
     }
 
     #[test]
