@@ -9,21 +9,25 @@ use flashlm::engine::{Engine, EngineOptions};
 use flashlm::gguf::GgufFile;
 use flashlm::sampling::{Sampler, SamplerParams};
 
-#[test]
-fn profile_table_sums_to_the_measured_time() {
-    if common::gpu().is_none() {
-        return;
-    }
-    let Some(path) = common::model_path() else {
-        return;
-    };
+/// The default model all resident with a 128-token context (`profile` on or off); None where
+/// there is no adapter or no model.
+fn default_engine(profile: bool) -> Option<Engine> {
+    common::gpu()?;
+    let path = common::model_path()?;
     let gguf = Arc::new(GgufFile::open(&path).unwrap());
     let o = EngineOptions {
-        profile: true,
+        profile,
         ctx: Some(128),
         ..Default::default()
     };
-    let mut e = Engine::new(gguf, &o).unwrap();
+    Some(Engine::new(gguf, &o).unwrap())
+}
+
+#[test]
+fn profile_table_sums_to_the_measured_time() {
+    let Some(mut e) = default_engine(true) else {
+        return;
+    };
     let prompt: Vec<u32> = (0..24).map(|i| 100 + i * 37).collect();
     let mut s = Sampler::new(SamplerParams {
         temperature: 0.0,
@@ -66,18 +70,9 @@ fn profile_table_sums_to_the_measured_time() {
 /// buffer; streaming it once per matrix had counted it seven times).
 #[test]
 fn the_roofline_streams_the_bytes_the_products_read() {
-    if common::gpu().is_none() {
-        return;
-    }
-    let Some(path) = common::model_path() else {
+    let Some(e) = default_engine(false) else {
         return;
     };
-    let gguf = Arc::new(GgufFile::open(&path).unwrap());
-    let o = EngineOptions {
-        ctx: Some(128),
-        ..Default::default()
-    };
-    let e = Engine::new(gguf, &o).unwrap();
     let read = e.matvec_weight_bytes();
     let streamed = e.resident_weight_bytes();
     assert!(
