@@ -28,6 +28,16 @@
 // into scalar loads even where all lanes read the same address, so a shared row read by every
 // lane cost a load per block per lane (prefill attention spent most of its time in them).
 //
+// ROPE (with GROUP; a batch of one row, at decode): the kernel also does what rope_store.wgsl
+// does before it, so that dispatch is left out. Q is read unrotated and rotated as it is
+// loaded; the row's own key and value are taken from the new rows `ks` and `vs` (K rotated,
+// both rounded as the pool stores them), wherever the key loop meets the home element the row
+// table gives for them (rows[t].z), so no subgroup reads them from the pool; and the first
+// round's first split of each KV head (first block of its query heads) writes them there.
+// Every read of that element is served from `ks` / `vs`, so the write races with none. The
+// arithmetic is rope_store's, and the results are the same bits. ROPE_DIM: the rotated dims of
+// a head; NEOX: rotate (i, i + ROPE_DIM / 2), else (2i, 2i + 1).
+//
 // Defines: HD8 = head_dim / 8; TILE (without GROUP); GROUP with G (query heads per KV head), GB and NB =
 // ceil(HD8 / 8); LANES with NB (without GROUP); KV_F16 (pools of f16 pairs packed in u32 words,
 // else f32); SOFTCAP; SWA.
@@ -38,12 +48,26 @@
 @group(0) @binding(2) var<storage, read> rows: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read> table: array<u32>;
 @group(0) @binding(4) var<storage, read> q4: array<vec4<f32>>;
+// ROPE writes the row's own key and value into the home pool.
 #ifdef KV_F16
+#ifdef ROPE
+@group(0) @binding(5) var<storage, read_write> home: array<vec4<u32>>;
+#else
 @group(0) @binding(5) var<storage, read> home: array<vec4<u32>>;
+#endif
 @group(0) @binding(6) var<storage, read> strm: array<vec4<u32>>;
 #else
+#ifdef ROPE
+@group(0) @binding(5) var<storage, read_write> home: array<vec4<f32>>;
+#else
 @group(0) @binding(5) var<storage, read> home: array<vec4<f32>>;
+#endif
 @group(0) @binding(6) var<storage, read> strm: array<vec4<f32>>;
+#endif
+#ifdef ROPE
+@group(0) @binding(9) var<storage, read> cs: array<f32>;
+@group(0) @binding(10) var<storage, read> ks: array<f32>;
+@group(0) @binding(11) var<storage, read> vs: array<f32>;
 #endif
 @group(0) @binding(7) var<storage, read_write> part: array<f32>;
 @group(0) @binding(8) var<storage, read_write> o: array<f32>;
@@ -188,6 +212,83 @@ fn put4(pb: u32, ob: u32, d: u32, a: vec4<f32>, l: f32, only: bool) {
     }
 }
 
+#ifdef ROPE
+// Element i of the unrotated rows: 0 the queries, 1 the new keys, 2 the new values.
+fn src_at(which: u32, i: u32) -> f32 {
+    if (which == 0u) {
+        return q4[i >> 2u][i & 3u];
+    }
+    if (which == 1u) {
+        return ks[i];
+    }
+    return vs[i];
+}
+
+// Dims [d0, d0 + 8) of the head at element `hb` of rows `which`, rotated for batch row t (as
+// rope_store.wgsl rotates them; `which` 2, the values, are not rotated).
+fn rope8(which: u32, hb: u32, d0: u32, t: u32) -> array<vec4<f32>, 2> {
+    let half = ROPE_DIM / 2u;
+    var r: array<f32, 8>;
+    for (var e = 0u; e < 8u; e++) {
+        let i = d0 + e;
+        let x = src_at(which, hb + i);
+        if (which == 2u || i >= ROPE_DIM) {
+            r[e] = x;
+            continue;
+        }
+#ifdef NEOX
+        let first = i < half;
+        let j = select(i - half, i, first);
+        let partner = select(i - half, i + half, first);
+#else
+        let first = (i & 1u) == 0u;
+        let j = i / 2u;
+        let partner = select(i - 1u, i + 1u, first);
+#endif
+        let xp = src_at(which, hb + partner);
+        let c = cs[(t * half + j) * 2u];
+        let sn = cs[(t * half + j) * 2u + 1u];
+        if (first) {
+            r[e] = x * c - xp * sn;
+        } else {
+            r[e] = xp * sn + x * c;
+        }
+    }
+    return array<vec4<f32>, 2>(vec4<f32>(r[0], r[1], r[2], r[3]), vec4<f32>(r[4], r[5], r[6], r[7]));
+}
+
+// Eight values as the pool holds them, and back (KV_F16: rounded to f16).
+#ifdef KV_F16
+fn packed8(v: array<vec4<f32>, 2>) -> vec4<u32> {
+    return vec4<u32>(
+        pack2x16float(v[0].xy), pack2x16float(v[0].zw), pack2x16float(v[1].xy), pack2x16float(v[1].zw)
+    );
+}
+
+fn as_stored(v: array<vec4<f32>, 2>) -> array<vec4<f32>, 2> {
+    let w = packed8(v);
+    return array<vec4<f32>, 2>(
+        vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y)),
+        vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w)),
+    );
+}
+
+// Store 8 values at home element e (a multiple of 8).
+fn put8(e: u32, v: array<vec4<f32>, 2>) {
+    home[e >> 3u] = packed8(v);
+}
+#else
+fn as_stored(v: array<vec4<f32>, 2>) -> array<vec4<f32>, 2> {
+    return v;
+}
+
+fn put8(e: u32, v: array<vec4<f32>, 2>) {
+    home[e >> 2u] = v[0];
+    home[(e >> 2u) + 1u] = v[1];
+}
+#endif
+#endif
+
 #ifdef GROUP
 @compute @workgroup_size(8)
 fn main_group(@builtin(subgroup_invocation_id) lane: u32, @builtin(workgroup_id) wid: vec3<u32>) {
@@ -214,11 +315,37 @@ fn main_group(@builtin(subgroup_invocation_id) lane: u32, @builtin(workgroup_id)
         for (var k = 0u; k < NB; k++) {
             let b = lane + 8u * k;
             if (b < HD8) {
+#ifdef ROPE
+                let r = rope8(0u, t * p.q_stride + h * hd, 8u * b, t);
+                qv[gi][2u * k] = r[0];
+                qv[gi][2u * k + 1u] = r[1];
+#else
                 qv[gi][2u * k] = q4[qb4 + 2u * b];
                 qv[gi][2u * k + 1u] = q4[qb4 + 2u * b + 1u];
+#endif
             }
         }
     }
+#ifdef ROPE
+    // The row's own key and value: this lane's blocks, as the pool will hold them; stored by
+    // one subgroup per KV head.
+    let own = row.z + kvh * hd;
+    let nb = t * p.kv_dim + kvh * hd;
+    var nk: array<array<vec4<f32>, 2>, NB>;
+    var nv: array<array<vec4<f32>, 2>, NB>;
+    let store = (table[p.table_base + 1u] & 1u) != 0u && z == 0u && g0 == 0u;
+    for (var k = 0u; k < NB; k++) {
+        let b = lane + 8u * k;
+        if (b < HD8) {
+            nk[k] = as_stored(rope8(1u, nb, 8u * b, t));
+            nv[k] = as_stored(rope8(2u, nb, 8u * b, t));
+            if (store) {
+                put8(own + 8u * b, nk[k]);
+                put8(own + p.page_tokens * p.kv_dim + 8u * b, nv[k]);
+            }
+        }
+    }
+#endif
     var m: array<f32, GB>;
     var l: array<f32, GB>;
     for (var gi = 0u; gi < GB; gi++) {
@@ -242,7 +369,14 @@ fn main_group(@builtin(subgroup_invocation_id) lane: u32, @builtin(workgroup_id)
                 for (var k = 0u; k < NB; k++) {
                     let b = lane + 8u * k;
                     if (b < HD8) {
+#ifdef ROPE
+                        var kk = kv8_at(kb + 8u * b);
+                        if (kb == own) {
+                            kk = nk[k];
+                        }
+#else
                         let kk = kv8_at(kb + 8u * b);
+#endif
                         for (var gi = 0u; gi < GB; gi++) {
                             part_dot[gi] += dot(qv[gi][2u * k], kk[0])
                                 + dot(qv[gi][2u * k + 1u], kk[1]);
@@ -289,7 +423,14 @@ fn main_group(@builtin(subgroup_invocation_id) lane: u32, @builtin(workgroup_id)
                 for (var k = 0u; k < NB; k++) {
                     let b = lane + 8u * k;
                     if (b < HD8) {
+#ifdef ROPE
+                        var v = kv8_at(vb + 8u * b);
+                        if (kbs[i] == own) {
+                            v = nv[k];
+                        }
+#else
                         let v = kv8_at(vb + 8u * b);
+#endif
                         for (var gi = 0u; gi < GB; gi++) {
                             acc[gi][2u * k] += pj[gi] * v[0];
                             acc[gi][2u * k + 1u] += pj[gi] * v[1];

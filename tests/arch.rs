@@ -215,6 +215,16 @@ fn check_arch(spec: &ArchSpec, seed: u64) {
     };
     let got = check_engine(&format!("{name} split bindings"), &gguf, &split, &want, &p);
     assert!(got == base, "{name}: split bindings changed the bits");
+    // RoPE with the KV store as a dispatch of its own rather than inside decode attention.
+    let own = EngineOptions {
+        fuse_rope: false,
+        ..options(None, &dir)
+    };
+    let got = check_engine(&format!("{name} own RoPE dispatch"), &gguf, &own, &want, &p);
+    assert!(
+        got == base,
+        "{name}: RoPE inside decode attention changed the bits"
+    );
     // Page selection keeping every candidate (local layers: those their window reaches).
     let select = EngineOptions {
         kv_select: Some(KvSelect::parse("quest:100%", 0).unwrap()),

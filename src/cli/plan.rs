@@ -141,6 +141,7 @@ pub fn plan_cmd(
     let facts = cal.as_ref().and_then(|c| c.device);
     if let Some(f) = facts {
         po.fuse_norms = f.fuse_norms;
+        po.fuse_rope = f.fuse_rope;
         po.bind_align = f.bind_align;
         if m.upload == UploadMode::Auto {
             po.in_place = f.auto_in_place;

@@ -61,6 +61,7 @@ impl Engine {
         let mut popts = opts.plan_options();
         popts.in_place = in_place;
         popts.fuse_norms = kernels::norm_fusion_available(ctx);
+        popts.fuse_rope = opts.fuse_rope && kernels::rope_fusion_available(ctx);
         popts.bind_align = u64::from(ctx.limits.min_storage_buffer_offset_alignment);
         if opts.profile && ctx.timestamps {
             popts.extra_bytes += crate::gpu::profile::PROFILE_BYTES;
@@ -76,6 +77,7 @@ impl Engine {
             max_binding: ctx.max_binding(),
             auto_in_place: po.in_place,
             fuse_norms: po.fuse_norms,
+            fuse_rope: po.fuse_rope,
             bind_align: po.bind_align,
             driver_threads: (ctx.info.device_type == wgpu::DeviceType::Cpu)
                 .then(crate::gpu::softdriver::threads_set)
@@ -317,6 +319,7 @@ impl Engine {
                     kv.max_pages,
                     tt,
                     plan.fused_norms[l],
+                    plan.fused_rope[l],
                 )?);
             }
         }

@@ -118,7 +118,25 @@ pub struct Lists {
     /// The same with the row-tiled attention (prefill lists of a head dim that allows it;
     /// else empty), for batches of one sequence.
     pub attn_tiled: Vec<Dispatch>,
+    /// Decode lists of layers the plan fuses RoPE into attention for ([`Plan::fused_rope`]):
+    /// the attention of a one-row batch that rotates Q and the new key and stores the key and
+    /// value itself ([`kernels::attention_rope`]), with its merge; empty otherwise.
+    pub rope_attn: Vec<Dispatch>,
     pub post: Vec<Dispatch>,
+}
+
+impl Lists {
+    /// The dispatches before attention for a batch of `rows` rows, and the attention when it is
+    /// the fused one: with one row and [`Self::rope_attn`], `pre` less its last dispatch
+    /// (RoPE with the KV store, which the fused attention does).
+    pub fn before_attention(&self, rows: usize) -> (&[Dispatch], Option<&[Dispatch]>) {
+        match self.pre.split_last() {
+            Some((_, head)) if rows == 1 && !self.rope_attn.is_empty() => {
+                (head, Some(&self.rope_attn))
+            }
+            _ => (&self.pre, None),
+        }
+    }
 }
 
 /// Build the lists of layer `l` computing from `m`, for token tiles of `tt` (1: decode).
@@ -135,6 +153,7 @@ pub fn build_lists(
     max_pages: u32,
     tt: u32,
     fused_norms: [bool; 2],
+    fuse_rope: bool,
 ) -> Result<Lists, EngineError> {
     let n_embd = cfg.n_embd as u32;
     let hd = cfg.head_dim as u32;
@@ -301,6 +320,27 @@ pub fn build_lists(
     {
         attn_tiled = vec![a, merge()?];
     }
+    // RoPE with the KV store inside decode attention: `rope_store` must then be `pre`'s last
+    // dispatch (no page summaries follow it: the plan fuses only layers that do not select).
+    let mut rope_attn = Vec::new();
+    if tt == 1 && fuse_rope {
+        let new_rows = kernels::RopeRows {
+            cs,
+            k: &b.k_tmp,
+            v: &b.v_tmp,
+            rope_dim,
+            neox,
+        };
+        let fused = kernels::attention_rope(ctx, &bufs, &new_rows, shape)?;
+        match (fused, pre.last()) {
+            (Some(a), Some(last)) if last.label == "rope_store" => rope_attn = vec![a, merge()?],
+            _ => {
+                return Err(EngineError::PlanMismatch(
+                    "it fuses RoPE into decode attention, which this device cannot".into(),
+                ));
+            }
+        }
+    }
     // A residual add: fused into the product, or (post norms) through the norm.
     let residual = |post: &mut Vec<Dispatch>,
                     w: &GpuWeight,
@@ -404,6 +444,7 @@ pub fn build_lists(
         score,
         attn,
         attn_tiled,
+        rope_attn,
         post,
     })
 }

@@ -101,6 +101,8 @@ pub enum EngineError {
     InPlaceUnsupported(String),
     #[error("writing the trace failed: {0}")]
     Trace(std::io::Error),
+    #[error("the plan does not fit this device: {0}")]
+    PlanMismatch(String),
 }
 
 impl From<PlanError> for EngineError {
@@ -187,6 +189,10 @@ pub struct EngineOptions {
     pub profile: bool,
     /// How streamed weights reach their slots.
     pub upload: UploadMode,
+    /// Let decode attention apply RoPE and store the new key and value where the device can
+    /// ([`kernels::rope_fusion_available`]); false keeps them a dispatch of their own (tests
+    /// compare the two).
+    pub fuse_rope: bool,
 }
 
 /// How streamed weights reach their layer slots.
@@ -238,6 +244,7 @@ impl Default for EngineOptions {
             upload: UploadMode::Auto,
             max_binding: None,
             max_seqs: 1,
+            fuse_rope: true,
         }
     }
 }
@@ -264,6 +271,7 @@ impl EngineOptions {
             max_binding: self.max_binding,
             max_seqs: self.max_seqs,
             fuse_norms: false,
+            fuse_rope: false,
         }
     }
 }

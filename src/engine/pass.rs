@@ -424,7 +424,8 @@ impl Engine {
                 } else {
                     &self.prefill_lists[l]
                 };
-                kernels::record_all_with(&mut enc, &lists.pre, t as u32, self.profiler.as_mut());
+                let (pre, _) = lists.before_attention(t);
+                kernels::record_all_with(&mut enc, pre, t as u32, self.profiler.as_mut());
             }
             let work = if select {
                 let lo = if is_local { local_page } else { 0 };
@@ -484,7 +485,9 @@ impl Engine {
                 };
                 // Prefill of one sequence: the row-tiled attention (its rows are in
                 // position order).
-                let attn = if !dl && single && !lists.attn_tiled.is_empty() {
+                let attn = if let (_, Some(fused)) = lists.before_attention(t) {
+                    fused
+                } else if !dl && single && !lists.attn_tiled.is_empty() {
                     &lists.attn_tiled
                 } else {
                     &lists.attn
@@ -494,7 +497,7 @@ impl Engine {
                 let attn = if n_rounds == 1 && splits == 1 {
                     &attn[..1]
                 } else {
-                    &attn[..]
+                    attn
                 };
                 kernels::record_round_with(
                     &mut enc,

@@ -180,18 +180,10 @@ pub fn attention_partial(
     // lanes, so each K and V row is read once for the group's query heads (see
     // attention_tiled.wgsl); else, a subgroup per (head, row, split) with keys across lanes.
     if ctx.lane_kernels && attention_tiles(s.head_dim) {
-        let group = s.n_heads / s.n_kv_heads.max(1);
-        let gb = group.min(GROUP_HEADS);
-        let defines = attn_defines(s)
-            .flag("GROUP")
-            .val("G", format!("{group}u"))
-            .val("GB", format!("{gb}u"))
-            .val("HD8", format!("{}u", s.head_dim / 8))
-            .val("NB", format!("{}u", (s.head_dim / 8).div_ceil(8)));
+        let (defines, x) = group_defines(s);
         let pipeline = ctx
             .pipelines
             .get(&ctx.device, "attention_tiled", "main_group", &defines)?;
-        let x = s.n_kv_heads * group.div_ceil(gb);
         return split_dispatch(ctx, "attention", pipeline, s, &b.list(), x, 1);
     }
     let lanes = ctx.lane_kernels && s.head_dim.is_multiple_of(4);
@@ -211,6 +203,83 @@ pub fn attention_partial(
 
 /// Query heads one decode attention subgroup serves (its KV head's, in blocks of at most this).
 const GROUP_HEADS: u32 = 8;
+
+/// The defines of the subgroup-per-KV-head decode attention (`main_group`) and its grid's x.
+fn group_defines(s: &KvShape) -> (Defines, u32) {
+    let group = s.n_heads / s.n_kv_heads.max(1);
+    let gb = group.min(GROUP_HEADS);
+    let d = attn_defines(s)
+        .flag("GROUP")
+        .val("G", format!("{group}u"))
+        .val("GB", format!("{gb}u"))
+        .val("HD8", format!("{}u", s.head_dim / 8))
+        .val("NB", format!("{}u", (s.head_dim / 8).div_ceil(8)));
+    (d, s.n_kv_heads * group.div_ceil(gb))
+}
+
+/// Whether this device's decode attention can do [`rope_store`]'s work itself
+/// ([`attention_rope`]): the subgroup kernel of CPU rasterizers (where a dispatch costs tens
+/// of microseconds), with room for its ten storage bindings. Head dims must also be multiples
+/// of 8 ([`attention_tiles`]).
+pub fn rope_fusion_available(ctx: &GpuContext) -> bool {
+    ctx.lane_kernels && ctx.limits.max_storage_buffers_per_shader_stage >= 10
+}
+
+/// The new rows [`attention_rope`] rotates and stores: what [`rope_store`] takes.
+pub struct RopeRows<'a> {
+    /// The batch's (cos, sin) table.
+    pub cs: &'a wgpu::Buffer,
+    pub k: &'a wgpu::Buffer,
+    pub v: &'a wgpu::Buffer,
+    pub rope_dim: u32,
+    pub neox: bool,
+}
+
+/// [`attention_partial`] for a batch of one row that also does [`rope_store`]'s work, so that
+/// dispatch is left out: Q is rotated as it is read, the row's own key and value come from
+/// `r.k` and `r.v` wherever the keys reach their home element, and one subgroup per KV head
+/// stores them there (see attention_tiled.wgsl, ROPE). `b.q` is left unrotated and the home
+/// pool holds what [`rope_store`] would store. None where [`rope_fusion_available`] or
+/// [`attention_tiles`] is false. Only for one-row batches: another row of the same sequence
+/// would read this row's key before it is stored.
+pub fn attention_rope(
+    ctx: &GpuContext,
+    b: &AttnBuffers<'_>,
+    r: &RopeRows<'_>,
+    s: &KvShape,
+) -> Result<Option<Dispatch>, KernelError> {
+    s.check("attention")?;
+    if !rope_fusion_available(ctx) || !attention_tiles(s.head_dim) {
+        return Ok(None);
+    }
+    check_rope_dim("attention", r.rope_dim, s.head_dim)?;
+    let (mut defines, x) = group_defines(s);
+    defines = defines
+        .flag("ROPE")
+        .val("ROPE_DIM", format!("{}u", r.rope_dim));
+    if r.neox {
+        defines = defines.flag("NEOX");
+    }
+    let pipeline = ctx
+        .pipelines
+        .get(&ctx.device, "attention_tiled", "main_group", &defines)?;
+    let l = b.list();
+    let buffers = [
+        l[0], l[1], l[2], l[3], l[4], l[5], l[6], l[7], r.cs, r.k, r.v,
+    ];
+    split_dispatch(ctx, "attention", pipeline, s, &buffers, x, 1).map(Some)
+}
+
+/// RoPE rotates pairs of a head's first `rope_dim` dims.
+fn check_rope_dim(kernel: &'static str, rope_dim: u32, head_dim: u32) -> Result<(), KernelError> {
+    if !rope_dim.is_multiple_of(2) || rope_dim > head_dim {
+        return Err(KernelError::Shape {
+            kernel,
+            problem: format!("rope dim {rope_dim} must be even and at most head dim {head_dim}"),
+        });
+    }
+    Ok(())
+}
 
 /// A split-wise attention dispatch: grid (`x` head groups, ceil(rows / tile), round splits).
 fn split_dispatch(
@@ -404,15 +473,7 @@ pub fn rope_store(
     neox: bool,
 ) -> Result<Dispatch, KernelError> {
     s.check("rope_store")?;
-    if !rope_dim.is_multiple_of(2) || rope_dim > s.head_dim {
-        return Err(KernelError::Shape {
-            kernel: "rope_store",
-            problem: format!(
-                "rope dim {rope_dim} must be even and at most head dim {}",
-                s.head_dim
-            ),
-        });
-    }
+    check_rope_dim("rope_store", rope_dim, s.head_dim)?;
     let mut defines = Defines::new();
     let units = if s.f16 {
         defines = defines.flag("KV_F16");

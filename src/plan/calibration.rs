@@ -188,6 +188,10 @@ pub struct DeviceFacts {
     pub auto_in_place: bool,
     /// The matrix kernels apply the layers' RMSNorms themselves.
     pub fuse_norms: bool,
+    /// Decode attention applies RoPE and stores the new key and value itself (profiles without
+    /// it: no).
+    #[serde(default)]
+    pub fuse_rope: bool,
     /// Storage binding offsets must be multiples of this (profiles without it: 256).
     #[serde(default = "default_bind_align")]
     pub bind_align: u64,
@@ -399,10 +403,11 @@ impl Calibration {
         ));
         if let Some(d) = self.device {
             s.push_str(&format!(
-                "| device | bindings up to {} MiB; --upload auto: {}; norms applied by the products: {}{} |\n",
+                "| device | bindings up to {} MiB; --upload auto: {}; norms applied by the products: {}; RoPE applied by decode attention: {}{} |\n",
                 d.max_binding >> 20,
                 if d.auto_in_place { "in place" } else { "staging ring" },
                 if d.fuse_norms { "yes" } else { "no" },
+                if d.fuse_rope { "yes" } else { "no" },
                 d.driver_threads
                     .map(|n| format!("; {n} driver threads"))
                     .unwrap_or_default()

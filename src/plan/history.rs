@@ -239,6 +239,7 @@ mod tests {
                 max_binding: 1 << 27,
                 auto_in_place: true,
                 fuse_norms: true,
+                fuse_rope: true,
                 bind_align: 256,
                 driver_threads: threads,
             });

@@ -94,6 +94,10 @@ pub struct PlanOptions {
     /// ([`kernels::norm_fusion_available`]): the norms of layers whose products allow it are
     /// then no dispatches of their own.
     pub fuse_norms: bool,
+    /// The device's decode attention can apply RoPE and store the new key and value itself
+    /// ([`kernels::rope_fusion_available`]): layers that do not select pages then have no
+    /// RoPE dispatch at decode.
+    pub fuse_rope: bool,
 }
 
 impl Default for PlanOptions {
@@ -118,6 +122,7 @@ impl Default for PlanOptions {
             max_binding: None,
             max_seqs: 1,
             fuse_norms: false,
+            fuse_rope: false,
         }
     }
 }
@@ -196,6 +201,13 @@ impl LayerWeights {
         }
         n
     }
+}
+
+/// Whether a layer's decode attention applies RoPE and stores the new key and value itself: on
+/// a device that can, for head dims its kernel takes, in layers that do not select pages (their
+/// page summaries read the stored keys before attention).
+fn fuses_rope(o: &PlanOptions, cfg: &ModelConfig, selects: bool) -> bool {
+    o.fuse_rope && kernels::attention_tiles(cfg.head_dim as u32) && !selects
 }
 
 /// Row-wise dispatches (RMSNorm, bias, per-head norms) of one layer's forward list.
@@ -283,9 +295,12 @@ pub struct ExecPlan {
     pub sizes: Sizes,
     pub norms: u64,
     pub params: u64,
-    /// Dispatches of each layer's forward list besides attention: norms, biases, per-head
-    /// norms, RoPE with the KV store, the matrix products.
+    /// Dispatches of each layer's decode step besides attention: norms, biases, per-head
+    /// norms, RoPE with the KV store (unless fused), the matrix products.
     pub layer_dispatches: Vec<u64>,
+    /// Per layer, whether its decode attention applies RoPE and stores the new key and value
+    /// itself ([`PlanOptions::fuse_rope`], head dims the kernel takes, no page selection).
+    pub fused_rope: Vec<bool>,
     /// Per layer, the input RMSNorms (attention, FFN) its products apply themselves.
     pub fused_norms: Vec<[bool; 2]>,
     /// Device bytes the plan allocates in all.
@@ -390,6 +405,12 @@ impl ExecPlan {
         for (l, lw) in layers.iter().enumerate() {
             let select = kv_min.selects_layer(l);
             let fused = lw.fused_norms(o.fuse_norms);
+            // The decode list's attention with RoPE inside, and its merge.
+            let rope_attn = if fuses_rope(o, cfg, select) {
+                2 * ATTN_PARAMS_BYTES
+            } else {
+                0
+            };
             let per_list = (row_dispatches(cfg) - fused.iter().filter(|&&f| f).count() as u64)
                 * row
                 + lw.dispatches(cfg) * mm
@@ -407,7 +428,7 @@ impl ExecPlan {
             } else {
                 0
             };
-            params += 2 * per_list + tiled + if select { KV_PARAMS_BYTES } else { 0 };
+            params += 2 * per_list + tiled + rope_attn + if select { KV_PARAMS_BYTES } else { 0 };
         }
         let head_resident_params = row + head_layout.parts.len() as u64 * mm;
         let head_lists = if logit_rows > 1 { 2 } else { 1 };
@@ -558,12 +579,16 @@ impl ExecPlan {
             .iter()
             .map(|lw| lw.fused_norms(o.fuse_norms))
             .collect();
+        let fused_rope: Vec<bool> = (0..layers.len())
+            .map(|l| fuses_rope(o, cfg, kv.selects_layer(l)))
+            .collect();
         let layer_dispatches = layers
             .iter()
             .zip(&fused_norms)
-            .map(|(lw, f)| {
+            .zip(&fused_rope)
+            .map(|((lw, f), &r)| {
                 row_dispatches(cfg) - f.iter().filter(|&&x| x).count() as u64
-                    + 1
+                    + u64::from(!r)
                     + lw.dispatches(cfg)
                     + lw.qkv_shared() as u64
             })
@@ -583,6 +608,7 @@ impl ExecPlan {
             norms,
             params,
             layer_dispatches,
+            fused_rope,
             fused_norms,
             total,
         })
