@@ -231,12 +231,9 @@ impl Engine {
             running: ctx.alloc_as("attention running", s.running, st)?,
         };
         let selecting = kv.select.is_some();
+        let table_words = cfg.n_layers * kv.layer_words as usize;
         let kvb = KvBuffers {
-            table: ctx.alloc_as(
-                "page table",
-                cfg.n_layers as u64 * kv.layer_words as u64 * 4,
-                st,
-            )?,
+            table: ctx.alloc_as("page table", table_words as u64 * 4, st)?,
             stream: ctx.alloc_as("kv stream pool", kv.stream_slots as u64 * kv.page_bytes, st)?,
             pageout: ctx.alloc_as(
                 "kv page-out",
@@ -530,6 +527,8 @@ impl Engine {
             streamed,
             prefetched: 0,
             head_early: Default::default(),
+            table_mirror: vec![0; table_words],
+            table_dirty: None,
             pass_no: 0,
             last_submission: None,
             slot_use: vec![None; n_slots + 2],

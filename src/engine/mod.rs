@@ -339,6 +339,11 @@ pub struct Engine {
     weight_tickets: Vec<Option<crate::flash::queue::Ticket<upload::JobResult>>>,
     /// Streamed layers of the next pass whose uploads are already queued.
     prefetched: usize,
+    /// The page table as the host last wrote it, and the byte range written since the last
+    /// submission: every submission first writes that range in one go (one staging write a
+    /// submission instead of two a layer; see `table_write`).
+    table_mirror: Vec<u32>,
+    table_dirty: Option<(usize, usize)>,
     /// The output head's first chunks, queued during this pass's layers (`prequeue_head`).
     head_early: std::collections::VecDeque<crate::flash::queue::Ticket<upload::JobResult>>,
     /// Passes begun: with the layer, the need stamp of what the transfer queue reads.

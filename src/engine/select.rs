@@ -60,12 +60,8 @@ impl Engine {
         enc: &mut wgpu::CommandEncoder,
         n_full: u32,
     ) -> Result<(), EngineError> {
-        let base = l as u64 * self.plan.kv.layer_words as u64 * 4;
-        self.ctx.write(
-            &self.kvb.table,
-            base,
-            bytemuck::cast_slice(&[0u32, 0, 0, n_full]),
-        );
+        let base = l * self.plan.kv.layer_words as usize;
+        self.table_write(base, &[0u32, 0, 0, n_full]);
         let Some(score) = self.decode_lists[l].score.as_ref() else {
             return Err(EngineError::Transfer("page scores are not set up".into()));
         };
