@@ -31,6 +31,7 @@ mod select;
 pub mod session;
 mod slots;
 mod stats;
+mod table;
 pub mod trace;
 mod upload;
 
