@@ -65,8 +65,8 @@ pub(super) fn layer_slots(
         if plan.slot.span {
             // The layer as it lies in the file, placed as its first byte sits within a page.
             let Some((start, len)) = crate::plan::slots::layer_span(lw, plan.slot.align) else {
-                return Err(EngineError::MissingTensor(format!(
-                    "layer {l} as one run of the file"
+                return Err(EngineError::PlanMismatch(format!(
+                    "it reads layer {l} as one run of the file, which the layer is not"
                 )));
             };
             let whole = crate::plan::slots::Region {
