@@ -282,7 +282,9 @@ mod flash_modes {
             o.resident = ResidentSpec::parse("none", spec.n_layers).unwrap();
             let mut e = Engine::with_source(gguf, src, &o).unwrap();
             e.forward(&[1, 2]).unwrap();
-            // Shrink the file under the running engine.
+            // Shrink the file under the engine, between passes: once the next pass's reads,
+            // queued before `forward` returned, have run.
+            e.settle();
             let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
             f.set_len(bytes.len() as u64 / 2).unwrap();
             let err = e.forward(&[3]).unwrap_err().to_string();

@@ -513,12 +513,20 @@ impl Engine {
     pub fn set_prefill_progress(&mut self, f: Option<ProgressFn>) {
         self.prefill_progress = f;
     }
+
+    /// Wait until the reads queued so far have run: `forward` returns with the next pass's
+    /// first streamed layers (and maybe KV pages) still being read, so a caller that changes
+    /// the model file between passes waits here first (a memory-mapped read of a file that
+    /// shrinks under it kills the process with SIGBUS; a read after the change fails cleanly).
+    pub fn settle(&self) {
+        let _ = self.io_.queue.drain();
+    }
 }
 
 impl Drop for Engine {
     fn drop(&mut self) {
         // Queued uploads copy into buffers this engine owns: let them finish first.
-        let _ = self.io_.queue.drain();
+        self.settle();
         let _ = self.ctx.wait();
     }
 }
