@@ -74,6 +74,58 @@ fn check_budgets(gguf: Arc<GgufFile>, prompt: &[u32], n: usize, ctx: usize, extr
     }
 }
 
+/// A streamed pass submits each layer on its own; the page table of a decode step whose pages
+/// are all known at its start reaches the device in one write with the first submission (each
+/// write is a staging allocation), and the tokens stay those of the resident run.
+#[test]
+fn streamed_decode_writes_the_page_table_once_a_pass() {
+    if common::gpu().is_none() {
+        return;
+    }
+    let spec = SyntheticSpec {
+        n_layers: 6,
+        n_embd: 96,
+        n_heads: 3,
+        n_kv_heads: 1,
+        n_ff: 160,
+        vocab: 3000,
+        weight_type: GgmlType::Q4_1,
+        ctx: 64,
+        untied_output: false,
+    };
+    let gguf = Arc::new(GgufFile::from_bytes(synthetic_llama(&spec, 9)).unwrap());
+    let prompt: Vec<u32> = (0..9).map(|k| (k * 211 + 5) % 3000).collect();
+    let mut resident = Engine::new(gguf.clone(), &opts(None, 32)).unwrap();
+    let (want, _) = run(&mut resident, &prompt, 6);
+    drop(resident);
+    let min = common::min_budget(&gguf, &opts(None, 32));
+    let mut e = Engine::new(gguf.clone(), &opts(Some(min), 32)).unwrap();
+    assert!(e.placement.streaming, "{}", e.placement);
+    assert!(
+        !e.plan.kv.streams,
+        "the KV cache should fit the device here"
+    );
+    e.reset();
+    let mut logits = e.forward(&prompt).unwrap();
+    let mut ids = Vec::new();
+    for step in 0..6 {
+        let id = logits
+            .iter()
+            .enumerate()
+            .fold(
+                (0, f32::NEG_INFINITY),
+                |b, (i, &v)| if v > b.1 { (i, v) } else { b },
+            )
+            .0 as u32;
+        ids.push(id);
+        let before = e.table_writes();
+        logits = e.forward(&[id]).unwrap();
+        let writes = e.table_writes() - before;
+        assert_eq!(writes, 1, "decode step {step}: {writes} page-table writes");
+    }
+    assert_eq!(ids, want);
+}
+
 #[test]
 fn synthetic_streamed_equals_resident_every_budget() {
     if common::gpu().is_none() {

@@ -528,6 +528,7 @@ impl Engine {
             prefetched: 0,
             head_early: Default::default(),
             table_mirror: vec![0; table_words],
+            table_flushes: 0,
             table_dirty: None,
             pass_no: 0,
             last_submission: None,

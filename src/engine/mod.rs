@@ -345,6 +345,8 @@ pub struct Engine {
     /// submission instead of two a layer; see `table_write`).
     table_mirror: Vec<u32>,
     table_dirty: Option<(usize, usize)>,
+    /// Page-table writes to the device since load (`table_writes`).
+    table_flushes: u64,
     /// The output head's first chunks, queued during this pass's layers (`prequeue_head`).
     head_early: std::collections::VecDeque<crate::flash::queue::Ticket<upload::JobResult>>,
     /// Passes begun: with the layer, the need stamp of what the transfer queue reads.
@@ -415,6 +417,12 @@ impl Engine {
     /// Bytes read from the model file since load (weights and embedding rows).
     pub fn flash_bytes(&self) -> u64 {
         self.io_.source().bytes_read()
+    }
+
+    /// Writes of the page table to the device since load: one per decode pass whose layers'
+    /// pages are known at its start and fit one round each, not one per submission.
+    pub fn table_writes(&self) -> u64 {
+        self.table_flushes
     }
 
     /// The KV page file, when pages leave the device.

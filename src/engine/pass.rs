@@ -376,6 +376,18 @@ impl Engine {
             .collect();
         let waits =
             |l: usize, lagged: &[Option<Vec<RoundWork>>]| selecting[l] && lagged[l].is_none();
+        // The page table of every layer whose pages are known now and fit one round, written
+        // with the first submission: the layers' own writes then change nothing, and the pass
+        // makes one staging write instead of one a submission (each a staging allocation).
+        for l in 0..self.layers.len() {
+            if waits(l, &lagged) {
+                continue;
+            }
+            let work = lagged[l].as_ref().unwrap_or_else(|| exact_of(l));
+            if let [w] = work.as_slice() {
+                self.write_table(l, w, true, top);
+            }
+        }
         let mut scored: Vec<usize> = Vec::new();
         // A streamed layer's weights held back until the next layer, which waits for its page
         // scores, has queued the pages it chose: read earlier, they would be the I/O job in

@@ -34,6 +34,11 @@ impl Engine {
     /// per submission spares the device queue a staging allocation per part.
     pub(super) fn table_write(&mut self, at: usize, words: &[u32]) {
         let end = at + words.len();
+        // Unchanged words need no write (a decode step mostly rewrites what the step before
+        // wrote): the device holds the copy, or will once the pending range is written.
+        if self.table_mirror[at..end] == *words {
+            return;
+        }
         self.table_mirror[at..end].copy_from_slice(words);
         self.table_dirty = Some(match self.table_dirty {
             Some((a, b)) => (a.min(at), b.max(end)),
@@ -44,6 +49,7 @@ impl Engine {
     /// Write the page-table words changed since the last submission to the device.
     pub(super) fn flush_table(&mut self) {
         if let Some((a, b)) = self.table_dirty.take() {
+            self.table_flushes += 1;
             self.ctx.write(
                 &self.kvb.table,
                 a as u64 * 4,
