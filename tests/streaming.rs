@@ -40,6 +40,20 @@ fn run(engine: &mut Engine, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<f32>) {
     (ids, first)
 }
 
+/// A synthetic model, and the greedy ids of `n` steps after `prompt` with everything resident.
+fn model_and_resident_ids(
+    spec: &SyntheticSpec,
+    seed: u64,
+    prompt: &[u32],
+    n: usize,
+    ctx: usize,
+) -> (Arc<GgufFile>, Vec<u32>) {
+    let gguf = Arc::new(GgufFile::from_bytes(synthetic_llama(spec, seed)).unwrap());
+    let mut resident = Engine::new(gguf.clone(), &opts(None, ctx)).unwrap();
+    let (ids, _) = run(&mut resident, prompt, n);
+    (gguf, ids)
+}
+
 fn check_budgets(gguf: Arc<GgufFile>, prompt: &[u32], n: usize, ctx: usize, extra_budgets: &[u64]) {
     let mut resident = Engine::new(gguf.clone(), &opts(None, ctx)).unwrap();
     assert!(!resident.placement.streaming);
@@ -93,11 +107,8 @@ fn streamed_decode_writes_the_page_table_once_a_pass() {
         ctx: 64,
         untied_output: false,
     };
-    let gguf = Arc::new(GgufFile::from_bytes(synthetic_llama(&spec, 9)).unwrap());
     let prompt: Vec<u32> = (0..9).map(|k| (k * 211 + 5) % 3000).collect();
-    let mut resident = Engine::new(gguf.clone(), &opts(None, 32)).unwrap();
-    let (want, _) = run(&mut resident, &prompt, 6);
-    drop(resident);
+    let (gguf, want) = model_and_resident_ids(&spec, 9, &prompt, 6, 32);
     let min = common::min_budget(&gguf, &opts(None, 32));
     let mut e = Engine::new(gguf.clone(), &opts(Some(min), 32)).unwrap();
     assert!(e.placement.streaming, "{}", e.placement);
@@ -583,11 +594,8 @@ fn automatic_ring_shrinks_to_fit_a_tight_budget() {
         ctx: 64,
         untied_output: false,
     };
-    let gguf = Arc::new(GgufFile::from_bytes(synthetic_llama(&spec, 9)).unwrap());
     let prompt: Vec<u32> = (0..9).map(|k| (k * 37 + 5) % 1000).collect();
-    let mut resident = Engine::new(gguf.clone(), &opts(None, 32)).unwrap();
-    let (want, _) = run(&mut resident, &prompt, 5);
-    drop(resident);
+    let (gguf, want) = model_and_resident_ids(&spec, 9, &prompt, 5, 32);
     // The three-slot minimum: an automatic ring (a whole layer of slots) does not fit it.
     let min = common::min_budget(&gguf, &opts(None, 32));
     let mut auto = opts(Some(min), 32);
