@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use crate::flash::queue::{Priority, Ticket, TransferQueue};
-use crate::flash::{Admit, AlignedBuf, CacheKey, ChunkSource, HostCache, WeightSource};
+use crate::flash::{Admit, AlignedPool, CacheKey, ChunkSource, HostCache, WeightSource};
 use crate::gpu::GpuContext;
 use crate::gpu::staging::{StagingError, StagingRing, UploadReq, UploadStats};
 use crate::kv::store::KvStore;
@@ -78,44 +78,11 @@ pub struct Uploader {
     pub cache: Arc<HostCache>,
     pub store: Option<Arc<KvStore>>,
     pub prefetched: PrefetchBuf,
-    /// Host buffers of KV jobs, reused (page-aligned, so that direct reads of whole records
-    /// land in them without a bounce copy).
-    kv_bufs: HostBufs,
+    /// Host buffers a KV job gathers its pages in, reused (page-aligned, so that direct reads
+    /// of whole records land in them without a bounce copy; the I/O thread runs one job at a
+    /// time).
+    kv_bufs: AlignedPool,
     t0: Instant,
-}
-
-/// Page-aligned host buffers reused across jobs: a job's pages are gathered into one before
-/// they go to the staging ring, without allocating (and zeroing) one per job.
-#[derive(Clone, Default)]
-struct HostBufs(Arc<Mutex<Vec<AlignedBuf>>>);
-
-impl HostBufs {
-    /// Buffers kept for reuse (the I/O thread runs one job at a time).
-    const KEEP: usize = 2;
-
-    /// A buffer of at least `len` bytes (its contents are stale: the caller overwrites them).
-    fn take(&self, len: usize) -> Result<AlignedBuf, String> {
-        let mut pool = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(i) = pool.iter().position(|b| b.len() >= len) {
-            return Ok(pool.swap_remove(i));
-        }
-        drop(pool);
-        AlignedBuf::new(len).map_err(|e| format!("allocating a host buffer for KV pages: {e}"))
-    }
-
-    fn give(&self, b: AlignedBuf) {
-        let mut pool = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        if pool.len() >= Self::KEEP {
-            // Keep the largest.
-            if let Some((i, _)) = pool.iter().enumerate().min_by_key(|(_, p)| p.len())
-                && pool[i].len() < b.len()
-            {
-                pool[i] = b;
-            }
-            return;
-        }
-        pool.push(b);
-    }
 }
 
 impl Uploader {
@@ -136,7 +103,7 @@ impl Uploader {
             cache,
             store: None,
             prefetched: Arc::new(Mutex::new(HashMap::new())),
-            kv_bufs: HostBufs::default(),
+            kv_bufs: AlignedPool::new(2),
             t0,
         }
     }
@@ -238,7 +205,9 @@ impl Uploader {
             };
             let pb = page_bytes as usize;
             let len = loads.len() * pb;
-            let mut buf = bufs.take(len)?;
+            let mut buf = bufs
+                .take(len)
+                .map_err(|e| format!("allocating a host buffer for KV pages: {e}"))?;
             // Every byte of the job's part is written below (a page from the prefetch, the
             // host cache or the file) before it is read.
             let host = &mut buf.as_mut_slice()[..len];
@@ -265,11 +234,7 @@ impl Uploader {
                     missing.push(i);
                 }
             }
-            let read = read_runs(&store, seq, layer, &loads, &missing, pb, host, &mut kv);
-            if let Err(e) = read {
-                bufs.give(buf);
-                return Err(e);
-            }
+            read_runs(&store, seq, layer, &loads, &missing, pb, host, &mut kv)?;
             if cache.budget() > 0 {
                 for &i in &missing {
                     let page = loads[i].0;
@@ -288,10 +253,9 @@ impl Uploader {
                     dst_offset: slot as u64 * page_bytes,
                 })
                 .collect();
-            let upload = run_batch(&ctx, &ring, &*host, &reqs);
-            bufs.give(buf);
+            let upload = run_batch(&ctx, &ring, &*host, &reqs)?;
             Ok(JobReport {
-                upload: upload?,
+                upload,
                 start,
                 end: t0.elapsed().as_secs_f64(),
                 kv,
@@ -322,7 +286,9 @@ impl Uploader {
             let pb = page_bytes as usize;
             let loads: Vec<(u32, u32)> = pages.iter().map(|&p| (p, 0)).collect();
             let len = loads.len() * pb;
-            let mut buf = bufs.take(len)?;
+            let mut buf = bufs
+                .take(len)
+                .map_err(|e| format!("allocating a host buffer for KV pages: {e}"))?;
             // Only the pages read below are kept.
             let host = &mut buf.as_mut_slice()[..len];
             let mut kv = KvFetch::default();
@@ -333,17 +299,13 @@ impl Uploader {
                 }
                 missing.push(i);
             }
-            let read = read_runs(&store, seq, layer, &loads, &missing, pb, host, &mut kv);
-            if read.is_ok() {
-                let mut pf = pre.lock().unwrap_or_else(|p| p.into_inner());
-                // What was read ahead for this layer's previous token and not used is stale now.
-                pf.retain(|&(l, _), _| l != layer);
-                for &i in &missing {
-                    pf.insert((layer, loads[i].0), host[i * pb..(i + 1) * pb].to_vec());
-                }
+            read_runs(&store, seq, layer, &loads, &missing, pb, host, &mut kv)?;
+            let mut pf = pre.lock().unwrap_or_else(|p| p.into_inner());
+            // What was read ahead for this layer's previous token and not used is stale now.
+            pf.retain(|&(l, _), _| l != layer);
+            for &i in &missing {
+                pf.insert((layer, loads[i].0), host[i * pb..(i + 1) * pb].to_vec());
             }
-            bufs.give(buf);
-            read?;
             Ok(JobReport {
                 start,
                 end: t0.elapsed().as_secs_f64(),
@@ -426,36 +388,4 @@ fn run_batch(
     let mut ring = ring.lock().unwrap_or_else(|p| p.into_inner());
     ring.upload_batch(ctx, src, &borrowed)
         .map_err(|e: StagingError| e.to_string())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn host_buffers_are_aligned_reused_and_bounded() {
-        let bufs = HostBufs::default();
-        let mut a = bufs.take(100_000).unwrap();
-        assert!(a.len() >= 100_000);
-        assert!((a.as_mut_slice().as_ptr() as usize).is_multiple_of(crate::flash::DIRECT_ALIGN));
-        a.as_mut_slice()[0] = 7;
-        let pa = a.as_mut_slice().as_ptr() as usize;
-        bufs.give(a);
-        // A smaller request reuses the buffer (its bytes are stale, not zeroed).
-        let mut b = bufs.take(5000).unwrap();
-        assert_eq!(b.as_mut_slice().as_ptr() as usize, pa);
-        assert_eq!(b.as_mut_slice()[0], 7);
-        // A larger one allocates.
-        let c = bufs.take(300_000).unwrap();
-        assert!(c.len() >= 300_000);
-        let d = bufs.take(10).unwrap();
-        bufs.give(b);
-        bufs.give(c);
-        bufs.give(d);
-        let pool = bufs.0.lock().unwrap();
-        assert_eq!(pool.len(), HostBufs::KEEP);
-        // The largest are kept.
-        assert!(pool.iter().any(|p| p.len() >= 300_000));
-        assert!(pool.iter().all(|p| p.len() >= 100_000));
-    }
 }

@@ -37,8 +37,8 @@ pub use residency::{
 };
 pub use size::{format_size, parse_size};
 pub use source::{ChunkSource, DirectReads, SourceError, WeightSource};
-pub(crate) use sys::AlignedBuf;
 pub use sys::DIRECT_ALIGN;
+pub(crate) use sys::{AlignedBuf, AlignedPool, PooledBuf};
 // For `direct`, which reaches them as `super::…`.
 use sys::{einval, pread};
 

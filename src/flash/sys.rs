@@ -1,5 +1,5 @@
 //! Platform primitives under the flash reader: the direct-I/O alignment ([`DIRECT_ALIGN`]) and
-//! aligned bounce buffers ([`AlignedBuf`]), file identity (to notice a replaced file),
+//! aligned bounce buffers ([`AlignedBuf`], reused through an [`AlignedPool`]), file identity (to notice a replaced file),
 //! positional `pread`, and opening a file with the page cache bypassed.
 
 use std::fs::File;
@@ -49,6 +49,73 @@ impl Drop for AlignedBuf {
     fn drop(&mut self) {
         // SAFETY: allocated in `new` with this layout.
         unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+    }
+}
+
+/// Aligned buffers kept for reuse, so that hot paths neither allocate nor zero one per use:
+/// [`AlignedPool::take`] hands out one of at least the asked length (its contents stale: the
+/// caller overwrites what it reads), and it comes back when the [`PooledBuf`] drops. The pool
+/// keeps the `keep` largest.
+#[derive(Clone)]
+pub(crate) struct AlignedPool {
+    bufs: std::sync::Arc<std::sync::Mutex<Vec<AlignedBuf>>>,
+    keep: usize,
+}
+
+impl AlignedPool {
+    pub(crate) fn new(keep: usize) -> Self {
+        Self {
+            bufs: Default::default(),
+            keep,
+        }
+    }
+
+    pub(crate) fn take(&self, len: usize) -> io::Result<PooledBuf> {
+        let mut bufs = self.bufs.lock().unwrap_or_else(|p| p.into_inner());
+        let found = bufs
+            .iter()
+            .position(|b| b.len() >= len)
+            .map(|i| bufs.swap_remove(i));
+        drop(bufs);
+        let buf = match found {
+            Some(b) => b,
+            None => AlignedBuf::new(len)?,
+        };
+        Ok(PooledBuf {
+            buf: Some(buf),
+            pool: self.clone(),
+        })
+    }
+
+    fn give(&self, b: AlignedBuf) {
+        let mut bufs = self.bufs.lock().unwrap_or_else(|p| p.into_inner());
+        if bufs.len() < self.keep {
+            bufs.push(b);
+        } else if let Some(i) = (0..bufs.len()).min_by_key(|&i| bufs[i].len())
+            && bufs[i].len() < b.len()
+        {
+            bufs[i] = b;
+        }
+    }
+}
+
+/// A buffer of an [`AlignedPool`], back in it when dropped.
+pub(crate) struct PooledBuf {
+    buf: Option<AlignedBuf>,
+    pool: AlignedPool,
+}
+
+impl PooledBuf {
+    pub(crate) fn as_mut_slice(&mut self) -> &mut [u8] {
+        self.buf.as_mut().map_or(&mut [], |b| b.as_mut_slice())
+    }
+}
+
+impl Drop for PooledBuf {
+    fn drop(&mut self) {
+        if let Some(b) = self.buf.take() {
+            self.pool.give(b);
+        }
     }
 }
 
@@ -187,5 +254,30 @@ mod tests {
         let mut b = AlignedBuf::new(5000).unwrap();
         assert_eq!(b.len(), 8192);
         assert_eq!(b.as_mut_slice().as_ptr() as usize % DIRECT_ALIGN, 0);
+    }
+
+    #[test]
+    fn pooled_buffers_are_aligned_reused_and_bounded() {
+        let pool = AlignedPool::new(2);
+        let mut a = pool.take(100_000).unwrap();
+        assert!(a.as_mut_slice().len() >= 100_000);
+        assert_eq!(a.as_mut_slice().as_ptr() as usize % DIRECT_ALIGN, 0);
+        a.as_mut_slice()[0] = 7;
+        let pa = a.as_mut_slice().as_ptr() as usize;
+        drop(a);
+        // A smaller request reuses the buffer (its bytes are stale, not zeroed).
+        let mut b = pool.take(5000).unwrap();
+        assert_eq!(b.as_mut_slice().as_ptr() as usize, pa);
+        assert_eq!(b.as_mut_slice()[0], 7);
+        // A larger one allocates.
+        let mut c = pool.take(300_000).unwrap();
+        assert!(c.as_mut_slice().len() >= 300_000);
+        let d = pool.take(10).unwrap();
+        drop((b, c, d));
+        // The pool keeps its two largest.
+        let kept: Vec<usize> = pool.bufs.lock().unwrap().iter().map(|b| b.len()).collect();
+        assert_eq!(kept.len(), 2);
+        assert!(kept.iter().any(|&n| n >= 300_000));
+        assert!(kept.iter().all(|&n| n >= 100_000));
     }
 }

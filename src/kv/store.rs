@@ -22,7 +22,7 @@ use serde::Serialize;
 
 use super::KvError;
 use crate::flash::direct::{is_direct_refusal, open_rw, pread_full, pwrite_all};
-use crate::flash::{AlignedBuf, DIRECT_ALIGN, IoMode};
+use crate::flash::{AlignedBuf, AlignedPool, DIRECT_ALIGN, IoMode, PooledBuf};
 
 /// Largest accepted `page_bytes` (buffers of whole pages are allocated in memory).
 pub const MAX_PAGE_BYTES: u64 = 1 << 30;
@@ -144,7 +144,7 @@ pub struct KvStore {
     record: u64,
     file_bytes: u64,
     index: Mutex<Index>,
-    pool: Mutex<Vec<AlignedBuf>>,
+    pool: AlignedPool,
     pages_written: AtomicU64,
     bytes_written: AtomicU64,
     pages_read: AtomicU64,
@@ -261,7 +261,7 @@ impl KvStore {
                 slots,
                 next_epoch: 0,
             }),
-            pool: Mutex::new(Vec::new()),
+            pool: AlignedPool::new(POOL_BUFFERS),
             pages_written: AtomicU64::new(0),
             bytes_written: AtomicU64::new(0),
             pages_read: AtomicU64::new(0),
@@ -365,20 +365,10 @@ impl KvStore {
         }
     }
 
-    fn take_buf(&self, len: usize) -> Result<AlignedBuf, KvError> {
-        let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(i) = pool.iter().position(|b| b.len() >= len) {
-            return Ok(pool.swap_remove(i));
-        }
-        drop(pool);
-        AlignedBuf::new(len).map_err(|e| io_err("allocating for", self.path(), 0, e))
-    }
-
-    fn give_buf(&self, b: AlignedBuf) {
-        let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
-        if pool.len() < POOL_BUFFERS {
-            pool.push(b);
-        }
+    fn take_buf(&self, len: usize) -> Result<PooledBuf, KvError> {
+        self.pool
+            .take(len)
+            .map_err(|e| io_err("allocating for", self.path(), 0, e))
     }
 
     fn bad_length(&self, n: u64, got: usize) -> KvError {
@@ -448,10 +438,9 @@ impl KvStore {
         let b = &mut buf.as_mut_slice()[..rec];
         b[..data.len()].copy_from_slice(data);
         b[data.len()..].fill(0);
-        let r =
-            pwrite_all(&self.io.file, b, offset).map_err(|e| io_err("writing", path, offset, e));
-        self.give_buf(buf);
-        r.map(|_| rec as u64)
+        pwrite_all(&self.io.file, b, offset)
+            .map(|_| rec as u64)
+            .map_err(|e| io_err("writing", path, offset, e))
     }
 
     /// Read `n` consecutive written pages of `(seq, layer)` starting at `first` into `dst`
@@ -562,7 +551,7 @@ impl KvStore {
         }
         let mut buf = self.take_buf(total)?;
         let r = pread_full(&self.io.file, &mut buf.as_mut_slice()[..total], offset);
-        let result = match r {
+        match r {
             Ok(got) if got == total => {
                 let src = buf.as_mut_slice();
                 for (k, d) in dst.chunks_exact_mut(pb).enumerate() {
@@ -572,9 +561,7 @@ impl KvStore {
             }
             Ok(got) => Err(short(got)),
             Err(e) => Err(io_err("reading", path, offset, e)),
-        };
-        self.give_buf(buf);
-        result
+        }
     }
 
     fn shrunk(&self, len: u64) -> KvError {
