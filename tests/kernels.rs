@@ -365,3 +365,41 @@ fn rope_matches_reference_both_styles() {
         }
     }
 }
+
+/// The roofline kernel reads every byte it is given: the XOR of its workgroups' words is the
+/// XOR of all the buffer's 32-bit words (each workgroup's 256 threads fold in the step's token
+/// count an even number of times), with 16-byte loads and, where the device has 64-bit
+/// integers, 32-byte ones; odd sizes, with a tail past the last whole load left out.
+#[test]
+fn roofline_reads_every_word() {
+    let Some(ctx) = common::gpu() else {
+        return;
+    };
+    let mut rng = Rng(41);
+    let step = step_buffer(&ctx, 3, 0);
+    for units in [1usize, 7, 4099, 70_001] {
+        for wide in [false, true] {
+            if wide && !ctx.int64 {
+                continue;
+            }
+            let unit = if wide { 32 } else { 16 };
+            let words: Vec<u32> = (0..units * unit / 4 + 3)
+                .map(|_| rng.next_u64() as u32)
+                .collect();
+            let src = ctx
+                .storage_with("roofline src", bytemuck::cast_slice(&words))
+                .unwrap();
+            let groups = 5u32;
+            let dst = ctx.storage("roofline dst", u64::from(groups) * 4).unwrap();
+            let bytes = (units * unit) as u64;
+            let d = kernels::roofline(&ctx, &step, &src, bytes, &dst, groups, wide).unwrap();
+            run(&ctx, &[d], 3);
+            let out = ctx.read_buffer(&dst, u64::from(groups) * 4).unwrap();
+            let got = bytemuck::cast_slice::<u8, u32>(&out)
+                .iter()
+                .fold(0, |a, w| a ^ w);
+            let want = words[..units * unit / 4].iter().fold(0, |a, w| a ^ w);
+            assert_eq!(got, want, "{units} loads of {unit} bytes");
+        }
+    }
+}

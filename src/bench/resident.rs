@@ -29,6 +29,10 @@ pub struct ResidentReport {
     /// A kernel streaming the same weight bytes with one XOR per 16 bytes.
     pub roofline_gb_s: f64,
     pub matvec_over_roofline: f64,
+    /// The same kernel loading 32 bytes at a time as 64-bit words (None where the device has
+    /// no 64-bit integers), and the matvec's rate against it.
+    pub roofline_wide_gb_s: Option<f64>,
+    pub matvec_over_roofline_wide: Option<f64>,
     /// Microseconds per empty dispatch (2000 in one submission).
     pub dispatch_us: f64,
     pub peak_device_bytes: u64,
@@ -60,6 +64,8 @@ impl ResidentReport {
              | matvec / memcpy | {:.2} |\n\
              | roofline kernel (one XOR per 16 bytes), GB/s of the same bytes (median) | {:.2} |\n\
              | matvec / roofline | {:.2} |\n\
+             | roofline kernel with 64-bit loads (one XOR per 32 bytes), GB/s (median) | {} |\n\
+             | matvec / roofline with 64-bit loads | {} |\n\
              | empty dispatch, µs each (2000 in one submission, median) | {:.1} |\n\
              | peak device bytes | {} |\n\
              | decode ms/token: measured (median) / predicted / probed prediction | {:.2} / {} / {} |\n\
@@ -78,6 +84,10 @@ impl ResidentReport {
             self.matvec_over_memcpy,
             self.roofline_gb_s,
             self.matvec_over_roofline,
+            self.roofline_wide_gb_s
+                .map_or("no 64-bit integers".into(), |r| format!("{r:.2}")),
+            self.matvec_over_roofline_wide
+                .map_or("-".into(), |r| format!("{r:.2}")),
             self.dispatch_us,
             self.peak_device_bytes,
             self.ms_per_token,
@@ -155,16 +165,27 @@ pub fn resident(
         let t = engine.time_weight_copies(reps)?;
         cp.push((bytes * reps as u64) as f64 / t / 1e9);
     }
-    let (mut rf, mut ov) = (Vec::new(), Vec::new());
-    engine.time_roofline(1)?;
+    // Both rooflines in turn: 16-byte loads (what the products load) and, where the device has
+    // 64-bit integers, 32-byte ones.
+    let wide = engine.ctx.int64;
+    let (mut rf, mut rw, mut ov) = (Vec::new(), Vec::new(), Vec::new());
+    engine.time_roofline(1, false)?;
+    if wide {
+        engine.time_roofline(1, true)?;
+    }
     for _ in 0..runs {
-        let t = engine.time_roofline(reps)?;
+        let t = engine.time_roofline(reps, false)?;
         rf.push((bytes * reps as u64) as f64 / t / 1e9);
+        if wide {
+            let t = engine.time_roofline(reps, true)?;
+            rw.push((bytes * reps as u64) as f64 / t / 1e9);
+        }
         ov.push(engine.time_empty_dispatch(2000)? * 1e6);
     }
     let matvec_gb_s = median(&mut mv);
     let memcpy_gb_s = median(&mut cp);
     let roofline_gb_s = median(&mut rf);
+    let roofline_wide_gb_s = (!rw.is_empty()).then(|| median(&mut rw));
     let dispatch_us = median(&mut ov);
     Ok(ResidentReport {
         adapter: engine.ctx.info.name.clone(),
@@ -181,6 +202,8 @@ pub fn resident(
         matvec_over_memcpy: matvec_gb_s / memcpy_gb_s.max(1e-12),
         roofline_gb_s,
         matvec_over_roofline: matvec_gb_s / roofline_gb_s.max(1e-12),
+        roofline_wide_gb_s,
+        matvec_over_roofline_wide: roofline_wide_gb_s.map(|r| matvec_gb_s / r.max(1e-12)),
         dispatch_us,
         peak_device_bytes: engine.ctx.budget.peak(),
         ms_per_token: median(&mut ms),

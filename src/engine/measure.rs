@@ -115,8 +115,9 @@ impl Engine {
     }
 
     /// Stream every resident weight buffer `reps` times with the roofline kernel (one XOR per
-    /// 16 bytes); returns seconds.
-    pub fn time_roofline(&mut self, reps: usize) -> Result<f64, EngineError> {
+    /// load of 16 bytes, or with `wide` of 32: see [`crate::kernels::roofline`]); returns
+    /// seconds.
+    pub fn time_roofline(&mut self, reps: usize, wide: bool) -> Result<f64, EngineError> {
         let parts = self.resident_weight_buffers();
         // About 16 words per thread: enough workgroups to fill a device, few enough that
         // starting them costs little; each writes one word.
@@ -127,7 +128,7 @@ impl Engine {
             .iter()
             .map(|b| {
                 let n = b.size / 16 * 16;
-                crate::kernels::roofline(&self.ctx, &self.bufs.step, b, n, &out, groups(n))
+                crate::kernels::roofline(&self.ctx, &self.bufs.step, b, n, &out, groups(n), wide)
             })
             .collect::<Result<_, _>>()?;
         self.ctx.wait()?;

@@ -243,6 +243,8 @@ pub struct GpuContext {
     pub lane_kernels: bool,
     /// Timestamp queries inside compute passes are available (`--profile`).
     pub timestamps: bool,
+    /// Shaders may use 64-bit integers (`SHADER_INT64`).
+    pub int64: bool,
     /// Storage buffers can be mapped for writing (device memory is host memory): layer slots
     /// can be filled in place, without a staging copy.
     pub mappable: bool,
@@ -323,18 +325,20 @@ impl GpuContext {
         let limits = adapter.limits();
         // Subgroups are optional (the GL backend has none): request them only where offered.
         // Timestamps inside passes serve --profile. Buffers both mappable and usable as storage
-        // serve zero-copy uploads where device memory is host memory.
+        // serve zero-copy uploads where device memory is host memory. 64-bit integers serve
+        // the roofline kernel's wide loads (`bench resident`).
         let unified = matches!(
             info.device_type,
             wgpu::DeviceType::Cpu | wgpu::DeviceType::IntegratedGpu
         );
         let ts = wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
-        let mut wanted = wgpu::Features::SUBGROUP | ts;
+        let mut wanted = wgpu::Features::SUBGROUP | ts | wgpu::Features::SHADER_INT64;
         if unified {
             wanted |= wgpu::Features::MAPPABLE_PRIMARY_BUFFERS;
         }
         let features = adapter.features() & wanted;
         let timestamps = features.contains(ts);
+        let int64 = features.contains(wgpu::Features::SHADER_INT64);
         let mappable = features.contains(wgpu::Features::MAPPABLE_PRIMARY_BUFFERS);
         let subgroups8 = features.contains(wgpu::Features::SUBGROUP)
             && info.subgroup_min_size == 8
@@ -378,6 +382,7 @@ impl GpuContext {
             subgroups8,
             lane_kernels,
             timestamps,
+            int64,
             mappable,
             pipelines: PipelineCache::new(),
             device,

@@ -266,8 +266,9 @@ struct RooflineParams {
     _pad: [u32; 3],
 }
 
-/// Stream every 16-byte word of `src` (its first `bytes`, a multiple of 16) with one XOR each,
-/// over `workgroups` workgroups writing one word each into `dst`: the memory roofline.
+/// Stream the first `bytes` of `src` (whole loads of 16 bytes, or of 32 with `wide`: 64-bit
+/// words, where the device has them) with one XOR a load, over `workgroups` workgroups writing
+/// one word each into `dst`: the memory roofline.
 pub fn roofline(
     ctx: &GpuContext,
     step: &wgpu::Buffer,
@@ -275,11 +276,24 @@ pub fn roofline(
     bytes: u64,
     dst: &wgpu::Buffer,
     workgroups: u32,
+    wide: bool,
 ) -> Result<Dispatch, KernelError> {
+    if wide && !ctx.int64 {
+        return Err(KernelError::Shape {
+            kernel: "roofline",
+            problem: "64-bit loads need a device with 64-bit integers".into(),
+        });
+    }
+    let defines = if wide {
+        Defines::new().flag("W64")
+    } else {
+        Defines::new()
+    };
     let pipeline = ctx
         .pipelines
-        .get(&ctx.device, "roofline", "main", &Defines::new())?;
-    let n4 = u32::try_from(bytes / 16).map_err(|_| KernelError::Shape {
+        .get(&ctx.device, "roofline", "main", &defines)?;
+    let unit = if wide { 32 } else { 16 };
+    let n4 = u32::try_from(bytes / unit).map_err(|_| KernelError::Shape {
         kernel: "roofline",
         problem: format!("{bytes} bytes is too many"),
     })?;
