@@ -436,21 +436,39 @@ impl Calibration {
     }
 
     /// Flash GB/s for reads in `mode` ("direct"/"mmap") with `threads` readers of `piece`
-    /// bytes: the measured point nearest in log2(piece), then in threads.
+    /// bytes: the measured point nearest in log2(piece), then in threads, read as the median
+    /// of it and the points of the next smaller and the next larger piece at its thread count.
+    /// Each point is one timing on a shared machine, where one of them can read 20% off its
+    /// neighbours; in a run of points that rise or fall with the piece size the median is the
+    /// point itself.
     pub fn flash_gb_s(&self, mode: &str, piece: u64, threads: usize) -> f64 {
         let lp = (piece.max(1) as f64).log2();
-        self.flash
+        let Some(near) = self.flash.iter().filter(|f| f.mode == mode).min_by(|a, b| {
+            let da = ((a.piece as f64).log2() - lp).abs() * 8.0
+                + (a.threads as f64 - threads as f64).abs();
+            let db = ((b.piece as f64).log2() - lp).abs() * 8.0
+                + (b.threads as f64 - threads as f64).abs();
+            da.total_cmp(&db)
+        }) else {
+            return 1.0;
+        };
+        let row = self
+            .flash
             .iter()
-            .filter(|f| f.mode == mode)
-            .min_by(|a, b| {
-                let da = ((a.piece as f64).log2() - lp).abs() * 8.0
-                    + (a.threads as f64 - threads as f64).abs();
-                let db = ((b.piece as f64).log2() - lp).abs() * 8.0
-                    + (b.threads as f64 - threads as f64).abs();
-                da.total_cmp(&db)
-            })
-            .map(|f| f.gb_s)
-            .unwrap_or(1.0)
+            .filter(|f| f.mode == mode && f.threads == near.threads);
+        let below = row
+            .clone()
+            .filter(|f| f.piece < near.piece)
+            .max_by_key(|f| f.piece);
+        let above = row.filter(|f| f.piece > near.piece).min_by_key(|f| f.piece);
+        match (below, above) {
+            (Some(a), Some(b)) => {
+                let mut v = [a.gb_s, near.gb_s, b.gb_s];
+                v.sort_by(f64::total_cmp);
+                v[1]
+            }
+            _ => near.gb_s,
+        }
     }
 
     /// GB/s of a matrix product (decode, or prefill per token) on `m`: the point measured on

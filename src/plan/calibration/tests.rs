@@ -134,3 +134,38 @@ fn a_probe_carries_compute_and_flash_to_the_machines_speed_now() {
     };
     assert!((c.rescaled(&stalled).compute_scale - 4.0).abs() < 1e-12);
 }
+
+/// A flash rate is the median of its point and the next smaller and larger pieces' at its
+/// thread count: one timing far off its neighbours does not decide it, a rising run of
+/// points is read as measured, and the table's ends are read as measured.
+#[test]
+fn flash_rates_pass_over_one_off_timing() {
+    let r = |piece: u64, threads: usize, gb_s: f64| FlashRate {
+        mode: "direct".into(),
+        piece,
+        threads,
+        gb_s,
+    };
+    let c = Calibration {
+        flash: vec![
+            r(64 << 10, 1, 0.6),
+            r(256 << 10, 1, 1.0),
+            r(1 << 20, 1, 1.3),
+            r(4 << 20, 1, 1.35),
+            r(64 << 10, 4, 0.9),
+            r(256 << 10, 4, 1.2),
+            r(1 << 20, 4, 0.7),
+            r(4 << 20, 4, 1.25),
+        ],
+        ..Calibration::default()
+    };
+    // The dip at 1 MiB over 4 readers reads as the lower of its neighbours.
+    assert_eq!(c.flash_gb_s("direct", 1 << 20, 4), 1.2);
+    // Rising runs, and the ends, as measured.
+    assert_eq!(c.flash_gb_s("direct", 256 << 10, 1), 1.0);
+    assert_eq!(c.flash_gb_s("direct", 1 << 20, 1), 1.3);
+    assert_eq!(c.flash_gb_s("direct", 64 << 10, 1), 0.6);
+    assert_eq!(c.flash_gb_s("direct", 4 << 20, 4), 1.25);
+    // The nearest point still decides which row and piece: 48 KiB pieces read at 64 KiB's.
+    assert_eq!(c.flash_gb_s("direct", 48 << 10, 1), 0.6);
+}
