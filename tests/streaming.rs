@@ -118,16 +118,10 @@ fn streamed_decode_writes_the_page_table_once_a_pass() {
     );
     e.reset();
     let mut logits = e.forward(&prompt).unwrap();
+    let mut s = Sampler::new(SamplerParams::greedy());
     let mut ids = Vec::new();
     for step in 0..6 {
-        let id = logits
-            .iter()
-            .enumerate()
-            .fold(
-                (0, f32::NEG_INFINITY),
-                |b, (i, &v)| if v > b.1 { (i, v) } else { b },
-            )
-            .0 as u32;
+        let id = s.sample(&logits, &ids);
         ids.push(id);
         let before = e.table_writes();
         logits = e.forward(&[id]).unwrap();
