@@ -137,6 +137,41 @@ fn budget_below_minimum_is_reported_by_the_cli() {
 }
 
 #[test]
+fn outputs_into_a_missing_directory_fail_before_the_work() {
+    // Said before the model is even opened (the model here is this source file), so nothing is
+    // generated only to be lost when the file cannot be written at the end.
+    let dir = tmp("missing-out");
+    let gone = dir.join("no-such-dir");
+    for (cmd, flag) in [
+        ("run", "--session"),
+        ("run", "--trace"),
+        ("run", "--stats-json"),
+        ("chat", "--session"),
+        ("bench resident", "--json"),
+        ("bench io", "--plot"),
+    ] {
+        let mut c = bin();
+        c.args(cmd.split(' '));
+        if cmd == "run" {
+            c.args(["--prompt", "hi"]);
+        }
+        let out = c
+            .arg("-m")
+            .arg(file!())
+            .arg(flag)
+            .arg(gone.join("out.file"))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{cmd} {flag}: {err}");
+        assert!(
+            err.contains(flag) && err.contains("does not exist") && !err.contains("GGUF"),
+            "{cmd} {flag}: {err}"
+        );
+    }
+}
+
+#[test]
 fn a_directory_as_the_model_is_named_as_one() {
     let dir = tmp("dir-model");
     let out = bin()

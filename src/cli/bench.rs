@@ -5,6 +5,7 @@ use crate::gpu::GpuOptions;
 use crate::model::load_model;
 
 pub fn bench(cli: &Cli, b: &BenchArgs) -> CliResult<()> {
+    super::check_output_dirs(&b.which.outputs())?;
     match &b.which {
         BenchKind::Stream {
             model,

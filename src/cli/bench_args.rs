@@ -256,6 +256,25 @@ pub enum BenchKind {
     },
 }
 
+impl BenchKind {
+    /// The files the bench writes when it ends (`--json`, and `--plot` for `io`).
+    pub fn outputs(&self) -> Vec<(&'static str, &Option<PathBuf>)> {
+        match self {
+            Self::Io { json, plot, .. } => vec![("--json", json), ("--plot", plot)],
+            Self::Stream { json, .. }
+            | Self::Kv { json, .. }
+            | Self::Ppl { json, .. }
+            | Self::S3 { json, .. }
+            | Self::Batch { json, .. }
+            | Self::Types { json, .. }
+            | Self::Resident { json, .. }
+            | Self::Layouts { json, .. }
+            | Self::Threads { json, .. }
+            | Self::Summary { json, .. } => vec![("--json", json)],
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::{parse_cache_share, parse_sweep_page};

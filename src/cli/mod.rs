@@ -33,6 +33,27 @@ use crate::plan::perf::Calibration;
 
 pub(crate) type CliResult<T> = Result<T, Box<dyn std::error::Error>>;
 
+/// Files a command writes at its end (`--session`, `--trace`, `--json`...) must have a
+/// directory to go to: said before the work, not after it.
+pub(crate) fn check_output_dirs(outputs: &[(&str, &Option<std::path::PathBuf>)]) -> CliResult<()> {
+    for (flag, path) in outputs {
+        let Some(p) = path else { continue };
+        let dir = match p.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => std::path::Path::new("."),
+        };
+        if !dir.is_dir() {
+            return Err(format!(
+                "{flag} {}: the directory {} does not exist",
+                p.display(),
+                dir.display()
+            )
+            .into());
+        }
+    }
+    Ok(())
+}
+
 /// The model file to use: the flag, else the default (with instructions when it is missing).
 pub fn resolve_model(arg: &Option<PathBuf>) -> CliResult<PathBuf> {
     match arg {

@@ -149,6 +149,11 @@ fn probed_calibration(
 
 pub fn run(cli: &Cli, a: &RunArgs) -> CliResult<()> {
     a.sample.check()?;
+    super::check_output_dirs(&[
+        ("--session", &a.session),
+        ("--trace", &a.trace),
+        ("--stats-json", &a.stats_json),
+    ])?;
     precheck(&a.model)?;
     let path = resolve_model(&a.model.model)?;
     let m = load_model(&path)?;
@@ -374,6 +379,7 @@ fn load_messages(session: &Path) -> Vec<ChatMessage> {
 
 pub fn chat(cli: &Cli, a: &ChatArgs) -> CliResult<()> {
     a.sample.check()?;
+    super::check_output_dirs(&[("--session", &a.session)])?;
     precheck(&a.model)?;
     let path = resolve_model(&a.model.model)?;
     let m = load_model(&path)?;
