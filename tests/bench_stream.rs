@@ -51,6 +51,9 @@ fn stream_bench_runs_every_scenario_in_each_round() {
     let names: Vec<&str> = report.rows.iter().map(|r| r.scenario.as_str()).collect();
     assert_eq!(names, ["all resident", "small"]);
     assert_eq!(report.rows[0].ms_per_token_vs_resident, 1.0);
+    assert_eq!(report.rows[0].ms_per_token_vs_resident_paired, 1.0);
+    assert!(report.rows[1].ms_per_token_vs_resident_paired > 0.0);
+    assert!(md.contains("vs resident, same round (median)"), "{md}");
     let small = &report.rows[1];
     assert!(small.flash_bytes_per_token > 0.0, "{}", small.placement);
     assert!(

@@ -20,7 +20,11 @@ pub struct StreamRow {
     pub generated_tokens: usize,
     /// Median decode milliseconds per token.
     pub ms_per_token: f64,
+    /// Its median over the all-resident run's median.
     pub ms_per_token_vs_resident: f64,
+    /// The median over the rounds of its run over the all-resident run of the same round:
+    /// the machine's drift from one round to the next cancels.
+    pub ms_per_token_vs_resident_paired: f64,
     pub flash_bytes_per_token: f64,
     pub overlap_efficiency: f64,
     pub io_wait_share: f64,
@@ -59,8 +63,8 @@ impl StreamReport {
     pub fn to_markdown(&self) -> String {
         let mut s = format!(
             "adapter {} ({}); {} rounds, each running every scenario once in turn; raw cold read {:.2} GB/s, median over the runs (page-cache eviction {})\n\n\
-             | scenario | budget | I/O | placement | ms/token (median) | vs resident | flash bytes/token | overlap eff. | GPU idle | ring GB/s | ring / raw cold (same run) | peak device bytes |\n\
-             |---|---|---|---|---|---|---|---|---|---|---|---|\n",
+             | scenario | budget | I/O | placement | ms/token (median) | vs resident | vs resident, same round (median) | flash bytes/token | overlap eff. | GPU idle | ring GB/s | ring / raw cold (same run) | peak device bytes |\n\
+             |---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
             self.adapter,
             self.backend,
             self.rounds,
@@ -112,7 +116,7 @@ impl StreamReport {
         }
         for r in &self.rows {
             s.push_str(&format!(
-                "| {} | {} | {} | {} | {:.1} | {:.2} | {:.0} | {:.2} | {:.0}% | {:.3} | {:.2} | {} |\n",
+                "| {} | {} | {} | {} | {:.1} | {:.2} | {:.2} | {:.0} | {:.2} | {:.0}% | {:.3} | {:.2} | {} |\n",
                 r.scenario,
                 if r.gpu_budget == u64::MAX {
                     "none".to_string()
@@ -123,6 +127,7 @@ impl StreamReport {
                 r.placement,
                 r.ms_per_token,
                 r.ms_per_token_vs_resident,
+                r.ms_per_token_vs_resident_paired,
                 r.flash_bytes_per_token,
                 r.overlap_efficiency,
                 r.io_wait_share * 100.0,
@@ -275,6 +280,7 @@ pub fn stream(
     let mut adapter = String::new();
     let mut backend = String::new();
     let mut resident_ms = None;
+    let mut resident_runs: Vec<f64> = Vec::new();
     let cal = crate::plan::perf::Calibration::load(&crate::plan::perf::Calibration::path()).ok();
     let mut prober = super::probe::Prober::for_calibration(cal.as_ref(), &base.gpu);
     let mut probes = Vec::new();
@@ -312,7 +318,9 @@ pub fn stream(
         let med = m(&|r| r.0);
         if resident_ms.is_none() && sc.budget.is_none() {
             resident_ms = Some(med);
+            resident_runs = per_run.iter().map(|r| r.0).collect();
         }
+        let runs_ms: Vec<f64> = per_run.iter().map(|r| r.0).collect();
         let last = &per_run[per_run.len() - 1];
         rows.push(StreamRow {
             scenario: sc.name.clone(),
@@ -324,6 +332,7 @@ pub fn stream(
             generated_tokens: last.1.generated_tokens,
             ms_per_token: med,
             ms_per_token_vs_resident: 0.0,
+            ms_per_token_vs_resident_paired: paired_ratio(&runs_ms, &resident_runs),
             flash_bytes_per_token: m(&|r| r.1.flash_bytes_per_token),
             overlap_efficiency: m(&|r| r.1.overlap_efficiency),
             io_wait_share: m(&|r| r.1.io_wait_share),
@@ -356,4 +365,34 @@ pub fn stream(
         rows,
         probes,
     })
+}
+
+/// The median over rounds of `runs[i] / resident[i]` (runs of the same round side by side); 0
+/// where there is no resident run to pair with.
+pub fn paired_ratio(runs: &[f64], resident: &[f64]) -> f64 {
+    let mut r: Vec<f64> = runs
+        .iter()
+        .zip(resident)
+        .filter(|(_, b)| **b > 0.0)
+        .map(|(a, b)| a / b)
+        .collect();
+    if r.is_empty() { 0.0 } else { median(&mut r) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::paired_ratio;
+
+    #[test]
+    fn ratios_pair_runs_of_the_same_round() {
+        // Rounds of 90/45, 56/42 and 81/60: ratios 2.0, 1.33 and 1.35, median 1.35 (the
+        // medians' ratio would read 81/45 = 1.8).
+        assert!((paired_ratio(&[90.0, 56.0, 81.0], &[45.0, 42.0, 60.0]) - 1.35).abs() < 1e-12);
+        // An even count: the median's convention of `median`; no resident runs: 0.
+        assert_eq!(paired_ratio(&[10.0], &[]), 0.0);
+        assert_eq!(
+            paired_ratio(&[10.0, 20.0], &[10.0, 10.0]),
+            super::median(&mut [1.0, 2.0])
+        );
+    }
 }
