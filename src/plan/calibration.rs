@@ -443,13 +443,15 @@ impl Calibration {
     /// point itself.
     pub fn flash_gb_s(&self, mode: &str, piece: u64, threads: usize) -> f64 {
         let lp = (piece.max(1) as f64).log2();
-        let Some(near) = self.flash.iter().filter(|f| f.mode == mode).min_by(|a, b| {
-            let da = ((a.piece as f64).log2() - lp).abs() * 8.0
-                + (a.threads as f64 - threads as f64).abs();
-            let db = ((b.piece as f64).log2() - lp).abs() * 8.0
-                + (b.threads as f64 - threads as f64).abs();
-            da.total_cmp(&db)
-        }) else {
+        let dist = |f: &FlashRate| {
+            ((f.piece as f64).log2() - lp).abs() * 8.0 + (f.threads as f64 - threads as f64).abs()
+        };
+        let Some(near) = self
+            .flash
+            .iter()
+            .filter(|f| f.mode == mode)
+            .min_by(|a, b| dist(a).total_cmp(&dist(b)))
+        else {
             return 1.0;
         };
         let row = self
