@@ -64,26 +64,68 @@ struct Params {
     eps: u32,
 }
 
+// W64: 16-byte loads (a vec4 of weight words, of X or of norm weights) are bound as two
+// 64-bit words and split back: on CPU rasterizers a load costs per lane and component whatever
+// the component's width, so the same 16 bytes cost two loads instead of four.
+#ifdef W64
+fn halves(a: vec2<u64>) -> vec4<u32> {
+    return vec4<u32>(u32(a.x), u32(a.x >> 32u), u32(a.y), u32(a.y >> 32u));
+}
+#endif
+
 // The unit of a weight load: a word, or (WIDE) four words at once.
 #ifdef WIDE
 alias Wv = vec4<u32>;
+#ifdef W64
+alias Wb = vec2<u64>;
+
+fn wv(a: Wb) -> Wv {
+    return halves(a);
+}
+#else
+alias Wb = vec4<u32>;
+
+fn wv(a: Wb) -> Wv {
+    return a;
+}
+#endif
 #else
 alias Wv = u32;
+alias Wb = u32;
+
+fn wv(a: Wb) -> Wv {
+    return a;
+}
+#endif
+
+// The unit of an X (and norm weight) load: a vec4 of floats.
+#ifdef W64
+alias Xv = vec2<u64>;
+
+fn xv(a: Xv) -> vec4<f32> {
+    return bitcast<vec4<f32>>(halves(a));
+}
+#else
+alias Xv = vec4<f32>;
+
+fn xv(a: Xv) -> vec4<f32> {
+    return a;
+}
 #endif
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(2) var<storage, read> w: array<Wv>;
+@group(0) @binding(2) var<storage, read> w: array<Wb>;
 #ifdef BLOCKS
-@group(0) @binding(3) var<storage, read> x4: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> x4: array<Xv>;
 #else
 @group(0) @binding(3) var<storage, read> x: array<f32>;
 #endif
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
 #ifdef SWIGLU
-@group(0) @binding(5) var<storage, read> w2: array<Wv>;
+@group(0) @binding(5) var<storage, read> w2: array<Wb>;
 #endif
 #ifdef NORM
-@group(0) @binding(10) var<storage, read> nw4: array<vec4<f32>>;
+@group(0) @binding(10) var<storage, read> nw4: array<Xv>;
 #endif
 #ifdef MULTI
 // Per segment (x, y, z): rows, first workgroup, first row in its buffer, Y stride, Y offset,
@@ -97,8 +139,8 @@ struct Segs {
     base: vec4<u32>,
 }
 #ifndef ONEBUF
-@group(0) @binding(5) var<storage, read> w2: array<Wv>;
-@group(0) @binding(6) var<storage, read> w3: array<Wv>;
+@group(0) @binding(5) var<storage, read> w2: array<Wb>;
+@group(0) @binding(6) var<storage, read> w3: array<Wb>;
 #endif
 @group(0) @binding(7) var<storage, read_write> y2: array<f32>;
 @group(0) @binding(8) var<storage, read_write> y3: array<f32>;
@@ -158,24 +200,25 @@ var<workgroup> red2: array<f32, WG * TT>;
 #endif
 #endif
 
+
 // Load unit i of weight s (0: W, 1: W2; MULTI: the segment's weight).
 fn wload(s: u32, i: u32) -> Wv {
 #ifdef SWIGLU
     if (s == 1u) {
-        return w2[i];
+        return wv(w2[i]);
     }
 #endif
 #ifdef MULTI
 #ifndef ONEBUF
     if (s == 1u) {
-        return w2[i];
+        return wv(w2[i]);
     }
     if (s == 2u) {
-        return w3[i];
+        return wv(w3[i]);
     }
 #endif
 #endif
-    return w[i];
+    return wv(w[i]);
 }
 
 // Word i of weight s.

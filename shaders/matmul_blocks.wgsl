@@ -168,7 +168,7 @@ fn load_block(s: u32, rb: u32, k: u32) -> Blk {
 // The norm weights of this lane's vec4 of the block at vec4 index c (NORM; else ones).
 fn norm_w(c: u32, lane: u32) -> vec4<f32> {
 #ifdef NORM
-    return nw4[c + lane];
+    return xv(nw4[c + lane]);
 #else
     return vec4<f32>(1.0);
 #endif
@@ -178,7 +178,7 @@ fn norm_w(c: u32, lane: u32) -> vec4<f32> {
 // vec4, adding the squares of the values to *ss).
 fn x_block(i: u32, lane: u32, g: vec4<f32>, ss: ptr<function, f32>) -> Xb {
 #ifdef SHARE_X
-    var v = x4[i + lane];
+    var v = xv(x4[i + lane]);
 #ifdef NORM
     *ss += dot(v, v);
     v *= g;
@@ -189,7 +189,10 @@ fn x_block(i: u32, lane: u32, g: vec4<f32>, ss: ptr<function, f32>) -> Xb {
         subgroupBroadcast(v, 6u), subgroupBroadcast(v, 7u)
     );
 #else
-    return Xb(x4[i], x4[i + 1u], x4[i + 2u], x4[i + 3u], x4[i + 4u], x4[i + 5u], x4[i + 6u], x4[i + 7u]);
+    return Xb(
+        xv(x4[i]), xv(x4[i + 1u]), xv(x4[i + 2u]), xv(x4[i + 3u]),
+        xv(x4[i + 4u]), xv(x4[i + 5u]), xv(x4[i + 6u]), xv(x4[i + 7u])
+    );
 #endif
 }
 

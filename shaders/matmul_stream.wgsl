@@ -51,20 +51,20 @@ var<private> touch: u32;
 fn wtouch(s: u32, i: u32) -> u32 {
 #ifdef SWIGLU
     if (s == 1u) {
-        return w2[i].x;
+        return wv(w2[i]).x;
     }
 #endif
 #ifdef MULTI
 #ifndef ONEBUF
     if (s == 1u) {
-        return w2[i].x;
+        return wv(w2[i]).x;
     }
     if (s == 2u) {
-        return w3[i].x;
+        return wv(w3[i]).x;
     }
 #endif
 #endif
-    return w[i].x;
+    return wv(w[i]).x;
 }
 #endif
 

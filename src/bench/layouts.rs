@@ -66,7 +66,7 @@ fn describe(l: &MatmulLayout) -> String {
         )
     } else {
         format!(
-            "{} rows a workgroup, {} a thread in decode{}{}{}{}",
+            "{} rows a workgroup, {} a thread in decode{}{}{}{}{}",
             l.rows_per_wg,
             l.rows_per_lane,
             if l.multi_rows_per_lane != l.rows_per_lane {
@@ -78,6 +78,11 @@ fn describe(l: &MatmulLayout) -> String {
                 format!(", loads of up to {} words", l.load_words)
             } else {
                 String::new()
+            },
+            if l.load64 {
+                ", 16-byte loads as two 64-bit words"
+            } else {
+                ""
             },
             if l.load_words > 1 && l.touch_bytes > 0 {
                 format!(", rows' first {} bytes touched first", l.touch_bytes)
@@ -97,19 +102,21 @@ fn describe(l: &MatmulLayout) -> String {
 pub fn candidates(cpu: bool) -> Vec<MatmulLayout> {
     if cpu {
         [
-            (1, 1, 0, 1),
-            (2, 1, 0, 2),
-            (4, 1, 0, 4),
-            (2, 4, 0, 2),
-            (1, 4, 4096, 1),
-            (2, 4, 4096, 2),
-            (4, 4, 4096, 4),
-            (2, 4, 4096, 4),
+            (1, 1, false, 0, 1),
+            (2, 1, false, 0, 2),
+            (4, 1, false, 0, 4),
+            (2, 4, false, 0, 2),
+            (2, 4, false, 4096, 4),
+            (2, 4, true, 0, 2),
+            (1, 4, true, 4096, 1),
+            (4, 4, true, 4096, 4),
+            (2, 4, true, 4096, 4),
         ]
         .into_iter()
-        .map(|(r, w, touch, m)| MatmulLayout {
+        .map(|(r, w, wide, touch, m)| MatmulLayout {
             rows_per_lane: r,
             load_words: w,
+            load64: wide,
             touch_bytes: touch,
             multi_rows_per_lane: m,
             ..MatmulLayout::CPU

@@ -174,6 +174,11 @@ pub struct MatmulLayout {
     /// (Q4_1 and Q8_0 rows read as streams of vec4s). A load costs per lane on CPU
     /// rasterizers whatever its width.
     pub load_words: u32,
+    /// With one thread per row: loads of 16 bytes (those streamed rows' vec4s, X and the
+    /// norm weights) taken as two 64-bit words (`vec2<u64>`) where the device has 64-bit
+    /// integers. On CPU rasterizers a load costs per lane and component whatever the
+    /// component's width, so the same 16 bytes cost half as many.
+    pub load64: bool,
     /// Those streamed rows: bytes from each row's start whose cache lines a thread touches
     /// (loads a word of) before its streams start, so that their misses overlap (0: none).
     pub touch_bytes: u32,
@@ -194,6 +199,7 @@ impl MatmulLayout {
         share_x: false,
         rows_per_lane: 1,
         load_words: 1,
+        load64: false,
         touch_bytes: 0,
         multi_rows_per_lane: 1,
         prefill_rows_per_lane: 1,
@@ -205,8 +211,9 @@ impl MatmulLayout {
     /// 64), and splitting a row across lanes was twice as slow (X is then gathered per lane
     /// instead of shared). In decode 32 threads walk the 64 rows, two each, so that each load
     /// of X and of the norm weights serves two rows, and Q4_1 and Q8_0 rows are read four
-    /// words a load (`bench layouts` times these against one and four rows a thread and word
-    /// loads side by side; BENCHMARKS §1 has the figures). Each thread touches every cache line
+    /// words a load, each load two 64-bit words where the device has them (`bench layouts`
+    /// times these against one and four rows a thread, word loads and 32-bit loads side by
+    /// side; BENCHMARKS §1 has the figures). Each thread touches every cache line
     /// of the first 4 KiB of each of its rows before streaming them: the 64 rows of a workgroup
     /// are too many short streams for the hardware prefetchers, and the touches let their
     /// misses overlap (`bench layouts` decodes with and without them). The one-dispatch Q/K/V
@@ -219,6 +226,7 @@ impl MatmulLayout {
         share_x: true,
         rows_per_lane: 2,
         load_words: 4,
+        load64: true,
         touch_bytes: 4096,
         multi_rows_per_lane: 4,
         prefill_rows_per_lane: 2,

@@ -243,6 +243,11 @@ pub(super) fn matmul_defines_rpl(
         && io.x_stride.is_multiple_of(4)
     {
         defines = defines.flag("BLOCKS");
+        // Loads of 16 bytes (X, norm weights, streamed weight rows) as two 64-bit words: half
+        // the loads on CPU rasterizers, split back into words in the shader.
+        if layout.load64 && ctx.int64 {
+            defines = defines.flag("W64");
+        }
         // Broadcasts need every lane of a subgroup: whole subgroups of 8 per workgroup.
         if layout.share_x && ctx.subgroups8 && layout.rows_per_wg.is_multiple_of(8) {
             defines = defines.flag("SHARE_X");

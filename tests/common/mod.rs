@@ -6,9 +6,9 @@ use std::path::PathBuf;
 use flashlm::gpu::MatmulLayout;
 
 /// The CPU layout with one row a thread in decode and with four, reading words (the default
-/// walks two rows, four in the one-dispatch Q/K/V, reading Q4_1 rows as vec4s after touching
-/// them), and with one row a thread (two in Q/K/V) reading vec4s without touches, so the
-/// kernel tests cover every decode walk.
+/// walks two rows, four in the one-dispatch Q/K/V, reading Q4_1 rows as vec4s of two 64-bit
+/// words after touching them), and with one row a thread (two in Q/K/V) reading vec4s of
+/// 32-bit words without touches, so the kernel tests cover every decode walk.
 pub const CPU_ROW_WALKS: [MatmulLayout; 3] = [
     MatmulLayout {
         rows_per_lane: 1,
@@ -24,6 +24,7 @@ pub const CPU_ROW_WALKS: [MatmulLayout; 3] = [
     },
     MatmulLayout {
         rows_per_lane: 1,
+        load64: false,
         touch_bytes: 0,
         multi_rows_per_lane: 2,
         ..MatmulLayout::CPU
