@@ -21,6 +21,8 @@
 # Side-by-side tables run only when asked, with what they compare against:
 #   OLD_FLASHLM=/path/to/older/flashlm scripts/bench.sh compare   # two builds, resident speed
 #   OLD_FLASHLM=/path/to/older/flashlm scripts/bench.sh compare-long   # the same on a long prompt
+#   OLD_FLASHLM=... scripts/bench.sh compare-step compare-step-long   # the same two, kept apart:
+#     a change's own side-by-side against the build before it (compare: against the wave's start)
 #   LLAMA_BENCH=/path/to/llama-bench LLAMA_COMMIT=<hash> scripts/bench.sh llamacpp
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -67,8 +69,10 @@ for w in "${want[@]}"; do
     calibrate) cmd=($B calibrate) ;;
     compare)  cmd=(scripts/compare-decode.sh "${OLD_FLASHLM:?set OLD_FLASHLM to the older binary}" "$B" 7) ;;
     compare-long) cmd=(env PROMPT_FILE=scripts/long-prompt.txt TOKENS=8 scripts/compare-decode.sh "${OLD_FLASHLM:?set OLD_FLASHLM to the older binary}" "$B" 5) ;;
+    compare-step) cmd=(scripts/compare-decode.sh "${OLD_FLASHLM:?set OLD_FLASHLM to the older binary}" "$B" 7) ;;
+    compare-step-long) cmd=(env PROMPT_FILE=scripts/long-prompt.txt TOKENS=8 scripts/compare-decode.sh "${OLD_FLASHLM:?set OLD_FLASHLM to the older binary}" "$B" 5) ;;
     llamacpp) cmd=(scripts/compare-llamacpp.sh "${LLAMA_BENCH:?set LLAMA_BENCH to llama-bench}" 3) ;;
-    *) echo "unknown benchmark $w (calibrate, threads, resident, layouts, io, stream, kv, ppl, types, s3, batch, summary, compare, compare-long, llamacpp)" >&2; exit 2 ;;
+    *) echo "unknown benchmark $w (calibrate, threads, resident, layouts, io, stream, kv, ppl, types, s3, batch, summary, compare, compare-long, compare-step, compare-step-long, llamacpp)" >&2; exit 2 ;;
   esac
   echo "## $w: ${cmd[*]}" >&2
   {
