@@ -144,7 +144,17 @@ pub fn run(
     let cpu = base.ctx.info.device_type == wgpu::DeviceType::Cpu;
     let chosen = base.ctx.matmul_layout;
     let adapter = base.ctx.info.name.clone();
-    let layouts = candidates(cpu);
+    // Without 64-bit integers the 64-bit loads are 32-bit ones: each such layout once.
+    let mut layouts: Vec<MatmulLayout> = Vec::new();
+    for l in candidates(cpu) {
+        let l = MatmulLayout {
+            load64: l.load64 && base.ctx.int64,
+            ..l
+        };
+        if !layouts.contains(&l) {
+            layouts.push(l);
+        }
+    }
     let mut base = Some(base);
     let mut engines = Vec::new();
     for (i, l) in layouts.iter().enumerate() {
