@@ -200,7 +200,6 @@ var<workgroup> red2: array<f32, WG * TT>;
 #endif
 #endif
 
-
 // Load unit i of weight s (0: W, 1: W2; MULTI: the segment's weight).
 fn wload(s: u32, i: u32) -> Wv {
 #ifdef SWIGLU
